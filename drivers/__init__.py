@@ -1,0 +1,1 @@
+"""Sensor drivers: pure parsers per device and thin serial/BLE transports."""

@@ -1,0 +1,1 @@
+"""The cloud bridge: pure topic mapping and backoff; the link uses aiomqtt."""

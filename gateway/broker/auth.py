@@ -1,0 +1,129 @@
+"""Authentication decisions and the password file format (mosquitto_passwd compatible).
+
+A password file holds ``user:hash`` lines. Hashes in mosquitto 2's formats are
+read as they are, so users migrate by copying the file:
+
+- ``$7$<iterations>$<salt b64>$<hash b64>``: PBKDF2-HMAC-SHA512 (mosquitto 2 default)
+- ``$6$<salt b64>$<hash b64>``: SHA-512 over password then salt (mosquitto 1.x)
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import os
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway.mqtt.reason_codes import ReasonCode
+
+DEFAULT_ITERATIONS = 101
+
+
+class Authenticator(Protocol):
+    """Decides whether a CONNECT may proceed; returns a v5 reason code."""
+
+    def authenticate(self, client_id: str, username: str | None, password: bytes | None) -> int:
+        """``ReasonCode.SUCCESS`` or the refusal."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class PasswordHash:
+    scheme: str  # "7" (PBKDF2-SHA512) or "6" (salted SHA-512)
+    salt: bytes
+    digest: bytes
+    iterations: int = 0
+
+    def verify(self, password: bytes) -> bool:
+        if self.scheme == "7":
+            got = hashlib.pbkdf2_hmac(
+                "sha512", password, self.salt, self.iterations, len(self.digest)
+            )
+        else:
+            got = hashlib.sha512(password + self.salt).digest()
+        return hmac.compare_digest(got, self.digest)
+
+    def encode(self) -> str:
+        salt = base64.b64encode(self.salt).decode()
+        digest = base64.b64encode(self.digest).decode()
+        if self.scheme == "7":
+            return f"$7${self.iterations}${salt}${digest}"
+        return f"$6${salt}${digest}"
+
+
+def hash_password(password: str, iterations: int = DEFAULT_ITERATIONS) -> PasswordHash:
+    salt = os.urandom(12)
+    digest = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, iterations, 64)
+    return PasswordHash("7", salt, digest, iterations)
+
+
+class PasswordFileError(ValueError):
+    def __init__(self, line: int, message: str) -> None:
+        super().__init__(f"line {line}: {message}")
+        self.line = line
+
+
+def parse_hash(text: str) -> PasswordHash:
+    parts = text.split("$")
+    try:
+        if len(parts) == 5 and parts[0] == "" and parts[1] == "7":
+            iterations = int(parts[2])
+            if iterations < 1:
+                raise ValueError("iteration count must be positive")
+            return PasswordHash(
+                "7",
+                base64.b64decode(parts[3], validate=True),
+                base64.b64decode(parts[4], validate=True),
+                iterations,
+            )
+        if len(parts) == 4 and parts[0] == "" and parts[1] == "6":
+            return PasswordHash(
+                "6",
+                base64.b64decode(parts[2], validate=True),
+                base64.b64decode(parts[3], validate=True),
+            )
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"unreadable hash: {exc}") from None
+    raise ValueError("unknown hash format (expected $7$... or $6$...)")
+
+
+def parse_password_file(text: str) -> dict[str, PasswordHash]:
+    """``user -> hash`` from a password file; blank lines and ``#`` comments skipped."""
+    users: dict[str, PasswordHash] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        user, sep, hashed = line.partition(":")
+        if not sep or not user:
+            raise PasswordFileError(number, "expected user:hash")
+        try:
+            users[user] = parse_hash(hashed)
+        except ValueError as exc:
+            raise PasswordFileError(number, f"user {user!r}: {exc}") from None
+    return users
+
+
+class PasswordAuthenticator:
+    """Anonymous policy plus an optional password file (mosquitto's model)."""
+
+    __slots__ = ("allow_anonymous", "users")
+
+    def __init__(
+        self, allow_anonymous: bool = True, users: dict[str, PasswordHash] | None = None
+    ) -> None:
+        self.allow_anonymous = allow_anonymous
+        self.users = users
+
+    def authenticate(self, client_id: str, username: str | None, password: bytes | None) -> int:
+        if username is None:
+            return ReasonCode.SUCCESS if self.allow_anonymous else ReasonCode.NOT_AUTHORIZED
+        if self.users is None:
+            return ReasonCode.SUCCESS if self.allow_anonymous else ReasonCode.NOT_AUTHORIZED
+        entry = self.users.get(username)
+        if entry is None or password is None or not entry.verify(password):
+            return ReasonCode.BAD_USER_NAME_OR_PASSWORD
+        return ReasonCode.SUCCESS

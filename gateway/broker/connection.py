@@ -1,0 +1,111 @@
+"""The core's view of one network connection: protocol state and pending output.
+
+No sockets here. The shell feeds received bytes to the broker and writes out
+what collects in ``out``; ``handle`` is the shell's opaque reference back to its
+transport.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import TYPE_CHECKING, Any
+
+from gateway.mqtt.framer import PacketReader
+from gateway.mqtt.packets import Will
+
+if TYPE_CHECKING:
+    from gateway.broker.session import Session
+
+
+class State(IntEnum):
+    NEW = 0  # TCP open, CONNECT not yet processed
+    CONNECTED = 1  # CONNACK 0x00 sent
+    CLOSING = 2  # the broker decided to close; flushing output
+    CLOSED = 3  # the shell reported the transport gone
+
+
+class Connection:
+    """Per-connection protocol state (one writer: the broker core)."""
+
+    __slots__ = (
+        "aliases_in",
+        "aliases_out",
+        "client_id",
+        "close_reason",
+        "dropped",
+        "graceful",
+        "handle",
+        "id",
+        "in_dirty",
+        "keep_alive",
+        "last_rx",
+        "listener",
+        "opened_at",
+        "out",
+        "out_bytes",
+        "peer",
+        "peer_alias_max",
+        "peer_max_packet",
+        "peer_receive_max",
+        "problem_info",
+        "reader",
+        "session",
+        "state",
+        "username",
+        "version",
+        "will",
+        "writable",
+    )
+
+    def __init__(
+        self, conn_id: int, peer: str, listener: str, now: float, max_packet_size: int
+    ) -> None:
+        self.id = conn_id
+        self.peer = peer
+        self.listener = listener
+        self.handle: Any = None
+        self.reader = PacketReader(max_packet_size)
+        self.version = 0
+        self.state = State.NEW
+        self.session: Session | None = None
+        self.client_id = ""
+        self.username: str | None = None
+        self.keep_alive = 0
+        self.last_rx = now
+        self.opened_at = now
+        self.out: list[bytes] = []
+        self.out_bytes = 0
+        self.in_dirty = False
+        self.writable = True
+        #: The client's Maximum Packet Size (None: no limit beyond the protocol's).
+        self.peer_max_packet: int | None = None
+        #: The client's Receive Maximum: QoS 1/2 PUBLISHes we may have unacknowledged.
+        self.peer_receive_max = 65_535
+        #: The client's Topic Alias Maximum: how many aliases we may use towards it.
+        self.peer_alias_max = 0
+        self.aliases_out: dict[str, int] = {}
+        self.aliases_in: dict[int, str] = {}
+        self.problem_info = True
+        self.will: Will | None = None
+        self.close_reason: str | None = None
+        #: True once a DISCONNECT 0x00 (or 3.1.1 DISCONNECT) arrived: no will.
+        self.graceful = False
+        #: QoS 0 messages dropped for this connection by the slow-consumer policy.
+        self.dropped = 0
+
+    def __repr__(self) -> str:
+        return f"Connection(#{self.id} {self.client_id!r} from {self.peer} {self.state.name})"
+
+    @property
+    def label(self) -> str:
+        """How logs name this connection."""
+        if self.client_id:
+            return f"{self.client_id!r} ({self.peer})"
+        return f"#{self.id} ({self.peer})"
+
+    def take_output(self) -> list[bytes]:
+        out = self.out
+        self.out = []
+        self.out_bytes = 0
+        self.in_dirty = False
+        return out

@@ -1,0 +1,744 @@
+"""The broker core: one plain object that owns all broker state. Pure, time passed in.
+
+The shell hands it bytes (``data_received(conn, data, now)``) and events
+(``connection_lost``, ``set_writable``, ``tick``); the core answers by appending
+encoded bytes to ``conn.out`` and listing the connection in ``dirty``. The shell
+writes what is dirty once per loop iteration, and closes connections whose
+state is ``CLOSING`` after writing. Packet families are handled in
+``handle_connect``, ``handle_publish`` and ``handle_subscribe`` (mosquitto's
+one-file-per-family layout); this module holds dispatch, delivery, sessions,
+wills and timers.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, Final
+
+from gateway.broker import handle_connect, handle_publish, handle_subscribe
+from gateway.broker.auth import Authenticator, PasswordAuthenticator
+from gateway.broker.connection import Connection, State
+from gateway.broker.message import Message, packet_size
+from gateway.broker.retained import RetainedStore
+from gateway.broker.router import SubscriptionIndex
+from gateway.broker.session import AWAIT_ACK, AWAIT_COMP, Outgoing, Session
+from gateway.broker.settings import NEVER_EXPIRES, BrokerSettings
+from gateway.broker.stats import LoadAverage, Stats
+from gateway.broker.timers import Timers
+from gateway.mqtt.codec import encode
+from gateway.mqtt.errors import BadProtocolName, MQTTError, UnsupportedProtocolVersion
+from gateway.mqtt.framer import NEED_DATA
+from gateway.mqtt.packets import (
+    MQTT_5,
+    MQTT_311,
+    Auth,
+    ConnAck,
+    Connect,
+    Disconnect,
+    Packet,
+    PingReq,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    Subscribe,
+    Unsubscribe,
+    Will,
+)
+from gateway.mqtt.properties import EMPTY, Properties
+from gateway.mqtt.reason_codes import ReasonCode, connack_311, describe
+
+log = logging.getLogger("ledge.broker")
+
+Handler = Callable[["Broker", Connection, Any, float], None]
+
+#: Packets a server must never receive (they flow server -> client only).
+_SERVER_BOUND_ONLY: Final = "CONNACK, SUBACK, UNSUBACK and PINGRESP are sent by servers only"
+
+
+class Broker:
+    """All broker state, driven by the shell with time as an argument."""
+
+    def __init__(
+        self,
+        settings: BrokerSettings | None = None,
+        authenticator: Authenticator | None = None,
+        *,
+        version: str = "ledge",
+        now: float = 0.0,
+        client_id_factory: Callable[[], str] | None = None,
+    ) -> None:
+        self.settings = settings or BrokerSettings()
+        self.authenticator: Authenticator = authenticator or PasswordAuthenticator()
+        self.version = version
+        self.started = now
+        self.sessions: dict[str, Session] = {}
+        self.connections: dict[int, Connection] = {}
+        self.connected = 0
+        self.index = SubscriptionIndex(self.settings.route_cache_size)
+        self.retained = RetainedStore(
+            self.settings.max_retained_messages, self.settings.max_retained_bytes
+        )
+        self.timers = Timers()
+        self.dirty: list[Connection] = []
+        self.stats = Stats()
+        self.shutting_down = False
+        self._next_conn_id = 1
+        self._client_id_factory = client_id_factory or _random_client_id
+        self._loads = {name: LoadAverage() for name in _LOAD_COUNTERS}
+        self._sys_last: dict[str, bytes] = {}
+        if self.settings.sys_interval > 0:
+            self.timers.at(now, self._sys_timer, None)
+        self._handlers: dict[type, Handler] = {
+            Connect: handle_connect.handle_connect,
+            Publish: handle_publish.handle_publish,
+            PubAck: handle_publish.handle_puback,
+            PubRec: handle_publish.handle_pubrec,
+            PubRel: handle_publish.handle_pubrel,
+            PubComp: handle_publish.handle_pubcomp,
+            Subscribe: handle_subscribe.handle_subscribe,
+            Unsubscribe: handle_subscribe.handle_unsubscribe,
+            PingReq: handle_connect.handle_pingreq,
+            Disconnect: handle_connect.handle_disconnect,
+            Auth: handle_connect.handle_auth,
+        }
+
+    # ================================================================== shell API
+
+    def open_connection(self, peer: str, listener: str, now: float) -> Connection:
+        """A new network connection; it must send CONNECT within ``connect_timeout``."""
+        conn = Connection(self._next_conn_id, peer, listener, now, self.settings.max_packet_size)
+        self._next_conn_id += 1
+        self.connections[conn.id] = conn
+        self.stats.connections_total += 1
+        self.timers.at(now + self.settings.connect_timeout, self._connect_timer, conn)
+        return conn
+
+    def data_received(self, conn: Connection, data: bytes, now: float) -> None:
+        self.stats.bytes_received += len(data)
+        if conn.state >= State.CLOSING:
+            return
+        reader = conn.reader
+        reader.receive_data(data)
+        handlers = self._handlers
+        try:
+            while True:
+                packet = reader.next_packet()
+                if packet is NEED_DATA:
+                    return
+                conn.last_rx = now
+                self.stats.messages_received += 1
+                if conn.state is State.NEW and type(packet) is not Connect:
+                    # MQTT-3.1.0-1: the first packet must be CONNECT.
+                    self.close(conn, now, "first packet was not CONNECT")
+                    return
+                handler = handlers.get(type(packet))
+                if handler is None:
+                    self.fail(conn, ReasonCode.PROTOCOL_ERROR, _SERVER_BOUND_ONLY, now)
+                    return
+                handler(self, conn, packet, now)
+                if conn.state >= State.CLOSING:
+                    return
+        except MQTTError as exc:
+            self._codec_failure(conn, exc, now)
+
+    def connection_lost(self, conn: Connection, now: float) -> None:
+        """The transport is gone (peer closed, reset, or our close completed)."""
+        if conn.state is State.CLOSED:
+            return
+        if conn.state is not State.CLOSING and conn.state is State.CONNECTED:
+            log.info("client %s disconnected: connection lost", conn.label)
+        self._detach(conn, now)
+        conn.state = State.CLOSED
+        self.connections.pop(conn.id, None)
+
+    def set_writable(self, conn: Connection, writable: bool, now: float) -> None:
+        """Flow control from the transport: pause (False) or resume (True) writing."""
+        conn.writable = writable
+        if writable and conn.session is not None and conn.state is State.CONNECTED:
+            self.pump(conn.session, now)
+
+    def next_deadline(self) -> float | None:
+        return self.timers.next_deadline()
+
+    def tick(self, now: float) -> None:
+        self.timers.run_due(now)
+
+    def take_dirty(self) -> list[Connection]:
+        dirty = self.dirty
+        self.dirty = []
+        return dirty
+
+    def shutdown(self, now: float) -> None:
+        """Close every connection; MQTT 5 clients get DISCONNECT 0x8B (server shutting down)."""
+        self.shutting_down = True
+        for conn in list(self.connections.values()):
+            if conn.state is State.CONNECTED:
+                self.fail(conn, ReasonCode.SERVER_SHUTTING_DOWN, "server shutting down", now)
+            elif conn.state is State.NEW:
+                self.close(conn, now, "server shutting down")
+
+    # ================================================================== output
+
+    def send_bytes(self, conn: Connection, data: bytes) -> None:
+        self.stats.messages_sent += 1
+        conn.out.append(data)
+        conn.out_bytes += len(data)
+        if not conn.in_dirty:
+            conn.in_dirty = True
+            self.dirty.append(conn)
+
+    def send(self, conn: Connection, packet: Packet) -> None:
+        """Encode ``packet`` for ``conn``; drops problem details the client declined or
+        cannot receive (MQTT-3.1.2-25, -29)."""
+        data = encode(packet, conn.version or MQTT_311)
+        limit = conn.peer_max_packet
+        if limit is not None and len(data) > limit:
+            props = getattr(packet, "properties", EMPTY)
+            if props is EMPTY or not (props.reason_string or props.user_properties):
+                log.debug(
+                    "not sending %s to %s: exceeds its maximum packet size", packet, conn.label
+                )
+                return
+            packet = _strip_problem_details(packet)
+            data = encode(packet, conn.version or MQTT_311)
+        self.send_bytes(conn, data)
+
+    def reason_props(self, conn: Connection, reason: str | None) -> Properties:
+        """A reason string, if the client accepts problem information on this packet."""
+        if reason and conn.problem_info and conn.version == MQTT_5:
+            return Properties(reason_string=reason)
+        return EMPTY
+
+    # ================================================================== closing
+
+    def close(self, conn: Connection, now: float, reason: str) -> None:
+        """Close after flushing output. The session detaches now (will, expiry)."""
+        if conn.state >= State.CLOSING:
+            return
+        conn.close_reason = reason
+        self._detach(conn, now)
+        conn.state = State.CLOSING
+        if not conn.in_dirty:
+            conn.in_dirty = True
+            self.dirty.append(conn)
+
+    def fail(self, conn: Connection, code: int, reason: str, now: float) -> None:
+        """End a connection for ``code``: DISCONNECT on MQTT 5, a plain close on 3.1.1."""
+        if conn.state >= State.CLOSING:
+            return
+        if code >= 0x80:
+            self.stats.protocol_errors += 1
+            log.warning("closing %s: %s (%s)", conn.label, reason, describe(code))
+        else:
+            log.info("closing %s: %s", conn.label, reason)
+        if conn.version == MQTT_5 and conn.state is State.CONNECTED:
+            props = Properties(reason_string=reason) if reason else EMPTY
+            self.send(conn, Disconnect(code, props))
+        self.close(conn, now, reason)
+
+    def _codec_failure(self, conn: Connection, exc: MQTTError, now: float) -> None:
+        if conn.state is not State.NEW:
+            self.fail(conn, exc.reason_code, exc.message, now)
+            return
+        # The CONNECT itself was bad.
+        self.stats.protocol_errors += 1
+        log.warning("refusing connection %s: %s", conn.label, exc.message)
+        if isinstance(exc, BadProtocolName):
+            pass  # MQTT-3.1.2-1: close without CONNACK
+        elif isinstance(exc, UnsupportedProtocolVersion):
+            # MQTT-3.1.2-2: CONNACK 0x01 in the 3.1.1 format, which every version reads.
+            self.send_bytes(conn, b"\x20\x02\x00\x01")
+        elif exc.protocol_version == MQTT_5:
+            conn.version = MQTT_5
+            self.send(conn, ConnAck(False, exc.reason_code, Properties(reason_string=exc.message)))
+        self.close(conn, now, exc.message)
+
+    def refuse_connect(self, conn: Connection, code: int, reason: str, now: float) -> None:
+        """CONNACK with a refusal in the client's protocol version, then close."""
+        self.stats.connections_refused += 1
+        log.warning("refusing connection %s: %s (%s)", conn.label, reason, describe(code))
+        if conn.version == MQTT_5:
+            self.send(conn, ConnAck(False, code, Properties(reason_string=reason)))
+        else:
+            self.send(conn, ConnAck(False, connack_311(code)))
+        self.close(conn, now, reason)
+
+    # ================================================================== sessions
+
+    def _detach(self, conn: Connection, now: float) -> None:
+        """The connection ends: publish or schedule its will; start session expiry."""
+        session = conn.session
+        if session is None:
+            return
+        conn.session = None
+        if session.conn is not conn:
+            return
+        session.conn = None
+        self.connected -= 1
+        will = conn.will
+        conn.will = None
+        if will is not None and not conn.graceful:
+            delay = will.properties.will_delay_interval or 0
+            if delay <= 0:
+                self.publish_will(will, session.client_id, now)
+            else:
+                session.will = will
+                session.will_due = now + delay
+                self.timers.at(session.will_due, self._will_timer, session)
+        if session.expiry_interval == 0:
+            self.end_session(session, now)
+        elif session.expiry_interval != NEVER_EXPIRES:
+            session.expires_at = now + session.expiry_interval
+            self.timers.at(session.expires_at, self._expiry_timer, session)
+
+    def end_session(self, session: Session, now: float) -> None:
+        """Discard a session: a pending will is published now (MQTT-3.1.3-9's flip side)."""
+        if session.will is not None:
+            will = session.will
+            session.will = None
+            session.will_due = None
+            self.publish_will(will, session.client_id, now)
+        for sub in list(session.subscriptions.values()):
+            self.index.remove(session, sub)
+        session.subscriptions.clear()
+        orphans = [
+            e for e in session.inflight.values() if e.share is not None and e.state == AWAIT_ACK
+        ]
+        orphans.extend(e for e in session.queue if e.share is not None)
+        session.inflight.clear()
+        session.queue.clear()
+        session.queued_bytes = 0
+        session.incoming_qos2.clear()
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+        for entry in orphans:
+            self._redispatch_shared(entry, now)
+
+    def _redispatch_shared(self, entry: Outgoing, now: float) -> None:
+        """A shared-subscription message whose member went away goes to the next member."""
+        assert entry.share is not None
+        name, topic_filter = entry.share
+        groups = self.index.shared.get(topic_filter)
+        group = groups.get(name) if groups else None
+        picked = group.pick() if group is not None else None
+        if picked is None:
+            self.stats.dropped_queue_full += 1
+            log.warning(
+                "shared subscription $share/%s/%s has no members left: message on %r dropped",
+                name,
+                topic_filter,
+                entry.message.topic,
+            )
+            return
+        session, sub = picked
+        qos = min(entry.qos, sub.qos)
+        self.deliver(session, entry.message, qos, False, entry.sub_ids, entry.share, now)
+
+    def publish_will(self, will: Will, client_id: str, now: float) -> None:
+        props = will.properties
+        expiry = props.message_expiry_interval
+        if props.will_delay_interval is not None:
+            props = props.with_(will_delay_interval=None)
+        msg = Message(
+            will.topic,
+            will.payload,
+            will.qos,
+            will.retain,
+            props if props else EMPTY,
+            expires_at=None if expiry is None else now + expiry,
+            origin=client_id,
+            created=now,
+        )
+        log.info("publishing will of %r on %r", client_id, will.topic)
+        self.publish(msg, now)
+
+    # ================================================================== timers
+
+    def _connect_timer(self, conn: Connection, now: float) -> None:
+        if conn.state is State.NEW:
+            log.info(
+                "closing %s: no CONNECT within %g s", conn.label, self.settings.connect_timeout
+            )
+            self.close(conn, now, "no CONNECT in time")
+
+    def schedule_keepalive(self, conn: Connection, now: float) -> None:
+        if conn.keep_alive:
+            self.timers.at(now + conn.keep_alive * 1.5, self._keepalive_timer, conn)
+
+    def _keepalive_timer(self, conn: Connection, now: float) -> None:
+        if conn.state is not State.CONNECTED or not conn.keep_alive:
+            return
+        due = conn.last_rx + conn.keep_alive * 1.5
+        if now >= due:
+            # MQTT-3.1.2-22 (3.1.1: MQTT-3.1.2-24): nothing heard for 1.5 x keep alive.
+            self.fail(
+                conn,
+                ReasonCode.KEEP_ALIVE_TIMEOUT,
+                f"keep alive timeout: nothing received for {conn.keep_alive * 1.5:g} s",
+                now,
+            )
+        else:
+            self.timers.at(due, self._keepalive_timer, conn)
+
+    def _will_timer(self, session: Session, now: float) -> None:
+        due = session.will_due
+        if session.will is None or due is None or now < due or session.conn is not None:
+            return
+        will = session.will
+        session.will = None
+        session.will_due = None
+        self.publish_will(will, session.client_id, now)
+
+    def _expiry_timer(self, session: Session, now: float) -> None:
+        expires_at = session.expires_at
+        if session.conn is not None or expires_at is None or now < expires_at:
+            return
+        if self.sessions.get(session.client_id) is not session:
+            return
+        log.info("session %r expired", session.client_id)
+        self.end_session(session, now)
+
+    def _sys_timer(self, _arg: object, now: float) -> None:
+        self.publish_sys(now)
+        self.timers.at(now + self.settings.sys_interval, self._sys_timer, None)
+
+    def sys_values(self, now: float) -> dict[str, str]:
+        """``$SYS`` topic -> value, with mosquitto's names for the common ones."""
+        st = self.stats
+        counters = {
+            "messages/received": st.messages_received,
+            "messages/sent": st.messages_sent,
+            "bytes/received": st.bytes_received,
+            "bytes/sent": st.bytes_sent,
+            "publish/received": st.publish_received,
+            "publish/sent": st.publish_sent,
+            "connections": st.connections_total,
+        }
+        base = "$SYS/broker/"
+        values = {
+            base + "version": self.version,
+            base + "uptime": f"{int(now - self.started)} seconds",
+            base + "clients/connected": str(self.connected),
+            base + "clients/disconnected": str(len(self.sessions) - self.connected),
+            base + "clients/total": str(len(self.sessions)),
+            base + "clients/maximum": str(st.clients_maximum),
+            base + "messages/received": str(st.messages_received),
+            base + "messages/sent": str(st.messages_sent),
+            base + "publish/messages/received": str(st.publish_received),
+            base + "publish/messages/sent": str(st.publish_sent),
+            base + "publish/messages/dropped": str(st.drops()),
+            base + "bytes/received": str(st.bytes_received),
+            base + "bytes/sent": str(st.bytes_sent),
+            base + "subscriptions/count": str(self.index.count),
+            base + "retained messages/count": str(len(self.retained)),
+        }
+        for name, load in self._loads.items():
+            load.update(counters[name], now)
+            for minutes, rate in load.rates.items():
+                values[f"{base}load/{name}/{minutes}min"] = f"{rate:.2f}"
+        return values
+
+    def publish_sys(self, now: float) -> None:
+        """Publish the ``$SYS`` values that changed, retained, QoS 0."""
+        self.retained.purge_expired(now)
+        last = self._sys_last
+        for topic, value in self.sys_values(now).items():
+            payload = value.encode()
+            if last.get(topic) != payload:
+                last[topic] = payload
+                self.publish_local(topic, payload, now, retain=True)
+
+    # ================================================================== delivery
+
+    def publish(self, msg: Message, now: float) -> int:
+        """Route ``msg`` to every matching session; returns how many it went to.
+
+        Retained messages are stored (or deleted) here first.
+        """
+        if msg.retain:
+            self.retained.store(msg)
+        route = self.index.route(msg.topic)
+        count = 0
+        origin = msg.origin
+        msg_qos = msg.qos
+        for session, subs in route.direct:
+            if len(subs) == 1:
+                sub = subs[0]
+                if sub.no_local and session.client_id == origin:
+                    continue
+                qos = sub.qos if sub.qos < msg_qos else msg_qos
+                ident = sub.identifier
+                sub_ids: tuple[int, ...] = (ident,) if ident else ()
+                retain = msg.retain and sub.retain_as_published
+            else:
+                qos = -1
+                ids: list[int] = []
+                retain = False
+                for sub in subs:
+                    if sub.no_local and session.client_id == origin:
+                        continue
+                    granted = sub.qos if sub.qos < msg_qos else msg_qos
+                    qos = max(qos, granted)
+                    if sub.identifier:
+                        ids.append(sub.identifier)
+                    if sub.retain_as_published and msg.retain:
+                        retain = True
+                if qos < 0:
+                    continue
+                sub_ids = tuple(sorted(ids))
+            self.deliver(session, msg, qos, retain, sub_ids, None, now)
+            count += 1
+        for group in route.shared:
+            picked = group.pick()
+            if picked is None:
+                continue
+            session, sub = picked
+            qos = sub.qos if sub.qos < msg_qos else msg_qos
+            ident = sub.identifier
+            self.deliver(
+                session,
+                msg,
+                qos,
+                False,
+                (ident,) if ident else (),
+                (group.name, group.topic_filter),
+                now,
+            )
+            count += 1
+        return count
+
+    def deliver(
+        self,
+        session: Session,
+        msg: Message,
+        qos: int,
+        retain: bool,
+        sub_ids: tuple[int, ...],
+        share: tuple[str, str] | None,
+        now: float,
+    ) -> None:
+        """Hand one message to one session: send now, or queue under its bounds."""
+        conn = session.conn
+        if qos == 0:
+            if conn is None:
+                if self.settings.queue_qos0_offline and session.expiry_interval:
+                    self._enqueue(session, Outgoing(msg, 0, retain, sub_ids, share))
+                else:
+                    self.stats.dropped_offline_qos0 += 1
+                return
+            if not conn.writable or conn.out_bytes > self.settings.max_outbound_bytes:
+                # Slow-consumer policy for QoS 0: drop, count, never grow past the bound.
+                conn.dropped += 1
+                self.stats.dropped_slow_consumer += 1
+                return
+            parts = self._encode_for(conn, msg, 0, retain, sub_ids, False, now)
+            if parts is not None:
+                self.send_bytes(conn, parts[0])
+                self.stats.publish_sent += 1
+            return
+        entry = Outgoing(msg, qos, retain, sub_ids, share)
+        if (
+            conn is not None
+            and conn.writable
+            and not session.queue
+            and len(session.inflight) < self._window(conn)
+        ):
+            self._send_new(session, conn, entry, now)
+        else:
+            self._enqueue(session, entry)
+
+    def _window(self, conn: Connection) -> int:
+        limit = conn.peer_receive_max
+        cap = self.settings.max_inflight
+        return limit if limit < cap else cap
+
+    def _enqueue(self, session: Session, entry: Outgoing) -> bool:
+        settings = self.settings
+        size = entry.message.size
+        if (
+            len(session.queue) >= settings.max_queued_messages
+            or session.queued_bytes + size > settings.max_queued_bytes
+        ):
+            # Queue-full policy: the new message is dropped for this session and counted.
+            self.stats.dropped_queue_full += 1
+            if self.stats.dropped_queue_full & (self.stats.dropped_queue_full - 1) == 0:
+                log.warning(
+                    "queue of %r full (%d messages, %d bytes): dropping new messages "
+                    "(%d dropped so far)",
+                    session.client_id,
+                    len(session.queue),
+                    session.queued_bytes,
+                    self.stats.dropped_queue_full,
+                )
+            return False
+        session.queue.append(entry)
+        session.queued_bytes += size
+        return True
+
+    def _send_new(self, session: Session, conn: Connection, entry: Outgoing, now: float) -> None:
+        parts = self._encode_for(
+            conn, entry.message, entry.qos, entry.retain, entry.sub_ids, False, now
+        )
+        if parts is None:
+            return  # too large or expired: counted; treated as delivered (MQTT-3.1.2-25)
+        pid = session.allocate_packet_id()
+        entry.packet_id = pid
+        entry.state = AWAIT_ACK
+        session.inflight[pid] = entry
+        self._write_publish(conn, parts, pid)
+
+    def _write_publish(self, conn: Connection, parts: tuple[bytes, bytes], pid: int) -> None:
+        head, tail = parts
+        out = conn.out
+        out.append(head)
+        out.append(pid.to_bytes(2, "big"))
+        out.append(tail)
+        conn.out_bytes += len(head) + len(tail) + 2
+        self.stats.publish_sent += 1
+        self.stats.messages_sent += 1
+        if not conn.in_dirty:
+            conn.in_dirty = True
+            self.dirty.append(conn)
+
+    def _encode_for(
+        self,
+        conn: Connection,
+        msg: Message,
+        qos: int,
+        retain: bool,
+        sub_ids: tuple[int, ...],
+        dup: bool,
+        now: float,
+    ) -> tuple[bytes, bytes] | None:
+        """The packet parts for ``conn``, or None when it must not be sent (counted)."""
+        expiry: int | None = None
+        if msg.expires_at is not None:
+            if now > msg.expires_at:
+                self.stats.dropped_expired += 1
+                return None
+            expiry = msg.expiry_remaining(now)
+        if conn.version != MQTT_5:
+            return msg.encode(MQTT_311, qos, retain, dup=dup)
+        alias = 0
+        new_alias = False
+        if conn.peer_alias_max:
+            alias = conn.aliases_out.get(msg.topic, 0)
+            if not alias and len(conn.aliases_out) < conn.peer_alias_max:
+                alias = len(conn.aliases_out) + 1
+                new_alias = True
+        parts = msg.encode(
+            MQTT_5,
+            qos,
+            retain,
+            dup=dup,
+            sub_ids=sub_ids,
+            expiry=expiry,
+            alias=alias,
+            send_topic=new_alias or not alias,
+        )
+        limit = conn.peer_max_packet
+        if limit is not None and packet_size(parts, qos) > limit:
+            self.stats.dropped_too_large += 1
+            log.debug("message on %r exceeds maximum packet size of %s", msg.topic, conn.label)
+            return None
+        if new_alias:
+            conn.aliases_out[msg.topic] = alias
+        return parts
+
+    def pump(self, session: Session, now: float) -> None:
+        """Move queued messages into flight while the window and the transport allow."""
+        conn = session.conn
+        if conn is None:
+            return
+        queue = session.queue
+        window = self._window(conn)
+        inflight = session.inflight
+        while queue and conn.writable and len(inflight) < window:
+            entry = queue.popleft()
+            session.queued_bytes -= entry.message.size
+            if entry.message.expired(now):
+                self.stats.dropped_expired += 1
+                continue
+            if entry.qos == 0:
+                parts = self._encode_for(
+                    conn, entry.message, 0, entry.retain, entry.sub_ids, False, now
+                )
+                if parts is not None:
+                    self.send_bytes(conn, parts[0])
+                    self.stats.publish_sent += 1
+                continue
+            self._send_new(session, conn, entry, now)
+
+    def resend_inflight(self, session: Session, conn: Connection, now: float) -> None:
+        """On session resumption, re-send unacknowledged PUBLISH (DUP) and PUBREL packets
+        with their original packet identifiers (MQTT-4.4.0-1); nothing else is retried."""
+        for pid, entry in list(session.inflight.items()):
+            if entry.state == AWAIT_COMP:
+                self.send(conn, PubRel(pid))
+                continue
+            msg = entry.message
+            parts = self._encode_for(conn, msg, entry.qos, entry.retain, entry.sub_ids, True, now)
+            if parts is None and not (msg.expires_at is not None and now > msg.expires_at):
+                del session.inflight[pid]
+                continue
+            if parts is None:
+                # Expired while in flight: onward delivery had started, so send it anyway
+                # with a zero expiry rather than break the QoS flow.
+                parts = msg.encode(
+                    conn.version, entry.qos, entry.retain, dup=True, sub_ids=entry.sub_ids, expiry=0
+                )
+            self._write_publish(conn, parts, pid)
+
+    # ================================================================== in-process API
+
+    def publish_local(
+        self,
+        topic: str,
+        payload: bytes,
+        now: float,
+        *,
+        qos: int = 0,
+        retain: bool = False,
+        properties: Properties = EMPTY,
+        origin: str | None = None,
+    ) -> int:
+        """Publish from inside the gateway (drivers, $SYS, the bridge). No TCP, no copies."""
+        expiry = properties.message_expiry_interval
+        msg = Message(
+            topic,
+            payload,
+            qos,
+            retain,
+            properties,
+            expires_at=None if expiry is None else now + expiry,
+            origin=origin,
+            created=now,
+        )
+        return self.publish(msg, now)
+
+
+def _random_client_id() -> str:
+    return secrets.token_hex(8)
+
+
+def _strip_problem_details(packet: Packet) -> Packet:
+    props: Properties = getattr(packet, "properties", EMPTY)
+    changes: dict[str, Any] = {"properties": props.with_(reason_string=None, user_properties=())}
+    stripped: Packet = replace(packet, **changes)
+    return stripped
+
+
+_LOAD_COUNTERS: Final = (
+    "messages/received",
+    "messages/sent",
+    "bytes/received",
+    "bytes/sent",
+    "publish/received",
+    "publish/sent",
+    "connections",
+)

@@ -1,0 +1,204 @@
+"""PUBLISH and its acknowledgement flows, both directions (MQTT 5.0 3.3 - 3.7, 4.3).
+
+Inbound QoS 2 uses the spec's method A: the message is routed on PUBLISH and its
+packet identifier is remembered until PUBREL, so a re-sent PUBLISH (DUP) is
+acknowledged again but never routed twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from gateway.broker.connection import Connection
+from gateway.broker.message import Message
+from gateway.broker.session import AWAIT_COMP
+from gateway.mqtt.packets import MQTT_5, PubAck, PubComp, Publish, PubRec, PubRel
+from gateway.mqtt.properties import EMPTY
+from gateway.mqtt.reason_codes import ReasonCode
+
+if TYPE_CHECKING:
+    from gateway.broker.core import Broker
+
+log = logging.getLogger("ledge.broker")
+
+
+def _ack(first_byte: int, pid: int, code: int, version: int) -> bytes:
+    if code == 0 or version != MQTT_5:
+        return bytes((first_byte, 2)) + pid.to_bytes(2, "big")
+    return bytes((first_byte, 3)) + pid.to_bytes(2, "big") + bytes((code,))
+
+
+def handle_publish(broker: Broker, conn: Connection, packet: Publish, now: float) -> None:
+    settings = broker.settings
+    session = conn.session
+    assert session is not None
+    topic = packet.topic
+    props = packet.properties
+    qos = packet.qos
+    version = conn.version
+    if props is not EMPTY:
+        alias = props.topic_alias
+        if alias is not None:
+            if alias == 0 or alias > settings.topic_alias_maximum:
+                # MQTT-3.3.2-8, -9
+                broker.fail(
+                    conn,
+                    ReasonCode.TOPIC_ALIAS_INVALID,
+                    f"topic alias {alias} is outside 1..{settings.topic_alias_maximum}",
+                    now,
+                )
+                return
+            if topic:
+                conn.aliases_in[alias] = topic
+            else:
+                known = conn.aliases_in.get(alias)
+                if known is None:
+                    broker.fail(
+                        conn, ReasonCode.PROTOCOL_ERROR, f"topic alias {alias} was never set", now
+                    )
+                    return
+                topic = known
+        if props.subscription_identifiers:
+            # MQTT-3.3.4-6
+            broker.fail(
+                conn,
+                ReasonCode.PROTOCOL_ERROR,
+                "a client's PUBLISH must not carry a subscription identifier",
+                now,
+            )
+            return
+    if not topic:
+        broker.fail(conn, ReasonCode.PROTOCOL_ERROR, "PUBLISH without topic name or alias", now)
+        return
+    if packet.retain and not settings.retain_available:
+        broker.fail(conn, ReasonCode.RETAIN_NOT_SUPPORTED, "retained messages are disabled", now)
+        return
+    broker.stats.publish_received += 1
+    pid = packet.packet_id
+    if qos == 2:
+        incoming = session.incoming_qos2
+        if pid in incoming:
+            # A re-sent QoS 2 PUBLISH: acknowledge again, do not route again (MQTT-4.3.3-9).
+            broker.send_bytes(conn, _ack(0x50, pid, 0, version))
+            return
+        if len(incoming) >= settings.receive_maximum and version == MQTT_5:
+            # MQTT-3.3.4-9: more unacknowledged QoS 2 than our Receive Maximum.
+            broker.fail(
+                conn,
+                ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
+                f"more than {settings.receive_maximum} QoS 2 messages unacknowledged",
+                now,
+            )
+            return
+
+    code = _route(broker, conn, packet, topic, now)
+    if code is None:
+        return
+    if qos == 1:
+        broker.send_bytes(conn, _ack(0x40, pid, code, version))
+    elif qos == 2:
+        if code < 0x80:
+            session.incoming_qos2.add(pid)
+        broker.send_bytes(conn, _ack(0x50, pid, code, version))
+
+
+def _route(broker: Broker, conn: Connection, packet: Publish, topic: str, now: float) -> int | None:
+    """Route the message; returns the reason code for the acknowledgement (None: closed)."""
+    props = packet.properties
+    qos = packet.qos
+    if props is not EMPTY and props.payload_format_indicator == 1:
+        try:
+            packet.payload.decode("utf-8")
+        except UnicodeDecodeError:
+            reason = "payload format indicator says UTF-8 but the payload is not"
+            if qos == 0:
+                broker.fail(conn, ReasonCode.PAYLOAD_FORMAT_INVALID, reason, now)
+                return None
+            log.info("refusing PUBLISH from %s on %r: %s", conn.label, topic, reason)
+            return ReasonCode.PAYLOAD_FORMAT_INVALID
+    if topic.startswith("$SYS"):
+        # $SYS belongs to the broker; a client's write is refused (3.1.1: silently dropped).
+        broker.stats.publish_denied += 1
+        log.info("refusing PUBLISH from %s to %r: $SYS is read-only", conn.label, topic)
+        return ReasonCode.NOT_AUTHORIZED
+    expiry = props.message_expiry_interval
+    msg = Message(
+        topic,
+        packet.payload,
+        qos,
+        packet.retain,
+        props,
+        expires_at=None if expiry is None else now + expiry,
+        origin=conn.client_id,
+        created=now,
+    )
+    if packet.retain and packet.payload and not broker.retained.has_room(msg):
+        log.warning(
+            "retained store full (%d messages, %d bytes): %r from %s not retained",
+            len(broker.retained),
+            broker.retained.bytes,
+            topic,
+            conn.label,
+        )
+        if qos and conn.version == MQTT_5:
+            # Refuse-new policy, told to the publisher; nothing is forwarded.
+            broker.retained.refused += 1
+            return ReasonCode.QUOTA_EXCEEDED
+    delivered = broker.publish(msg, now)
+    return ReasonCode.SUCCESS if delivered else ReasonCode.NO_MATCHING_SUBSCRIBERS
+
+
+def handle_puback(broker: Broker, conn: Connection, packet: PubAck, now: float) -> None:
+    session = conn.session
+    assert session is not None
+    entry = session.inflight.get(packet.packet_id)
+    if entry is None or entry.qos != 1:
+        log.debug("PUBACK from %s for unknown packet id %d", conn.label, packet.packet_id)
+        return
+    del session.inflight[packet.packet_id]
+    if session.queue:
+        broker.pump(session, now)
+
+
+def handle_pubrec(broker: Broker, conn: Connection, packet: PubRec, now: float) -> None:
+    session = conn.session
+    assert session is not None
+    pid = packet.packet_id
+    entry = session.inflight.get(pid)
+    if entry is None or entry.qos != 2:
+        code = ReasonCode.PACKET_IDENTIFIER_NOT_FOUND if conn.version == MQTT_5 else 0
+        broker.send(conn, PubRel(pid, code))
+        return
+    if packet.reason_code >= 0x80:
+        # MQTT-4.3.3-4 note: an error PUBREC ends the flow; the identifier is free again.
+        del session.inflight[pid]
+        if session.queue:
+            broker.pump(session, now)
+        return
+    entry.state = AWAIT_COMP
+    broker.send_bytes(conn, b"\x62\x02" + pid.to_bytes(2, "big"))
+
+
+def handle_pubrel(broker: Broker, conn: Connection, packet: PubRel, now: float) -> None:
+    session = conn.session
+    assert session is not None
+    pid = packet.packet_id
+    if pid in session.incoming_qos2:
+        session.incoming_qos2.discard(pid)
+        broker.send_bytes(conn, b"\x70\x02" + pid.to_bytes(2, "big"))
+    else:
+        code = ReasonCode.PACKET_IDENTIFIER_NOT_FOUND if conn.version == MQTT_5 else 0
+        broker.send(conn, PubComp(pid, code))
+
+
+def handle_pubcomp(broker: Broker, conn: Connection, packet: PubComp, now: float) -> None:
+    session = conn.session
+    assert session is not None
+    entry = session.inflight.get(packet.packet_id)
+    if entry is None or entry.state != AWAIT_COMP:
+        log.debug("PUBCOMP from %s for unknown packet id %d", conn.label, packet.packet_id)
+        return
+    del session.inflight[packet.packet_id]
+    if session.queue:
+        broker.pump(session, now)

@@ -1,0 +1,160 @@
+"""SUBSCRIBE and UNSUBSCRIBE (MQTT 5.0 3.8 - 3.11), with retained delivery on subscribe."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from gateway.broker.connection import Connection
+from gateway.broker.session import Session, Subscription
+from gateway.mqtt.packets import (
+    MQTT_5,
+    SubAck,
+    Subscribe,
+    SubscriptionRequest,
+    UnsubAck,
+    Unsubscribe,
+)
+from gateway.mqtt.reason_codes import ReasonCode
+from gateway.mqtt.topics import filter_error, has_wildcard, parse_shared, subsumes
+
+if TYPE_CHECKING:
+    from gateway.broker.core import Broker
+
+log = logging.getLogger("ledge.broker")
+
+
+class _Violation(Exception):
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+def handle_subscribe(broker: Broker, conn: Connection, packet: Subscribe, now: float) -> None:
+    settings = broker.settings
+    session = conn.session
+    assert session is not None
+    sub_id: int | None = None
+    if packet.properties.subscription_identifiers:
+        if not settings.subscription_identifiers:
+            broker.fail(
+                conn,
+                ReasonCode.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED,
+                "subscription identifiers are disabled",
+                now,
+            )
+            return
+        sub_id = packet.properties.subscription_identifiers[0]
+    codes: list[int] = []
+    added: list[tuple[Subscription, bool]] = []
+    try:
+        for request in packet.subscriptions:
+            code, sub, is_new = _subscribe_one(broker, conn, session, request, sub_id)
+            if conn.version != MQTT_5 and code >= 0x80:
+                code = ReasonCode.UNSPECIFIED_ERROR  # 3.1.1 knows one failure code: 0x80
+            codes.append(code)
+            if sub is not None:
+                added.append((sub, is_new))
+    except _Violation as violation:
+        broker.fail(conn, violation.code, violation.reason, now)
+        return
+    broker.send(conn, SubAck(packet.packet_id, tuple(codes)))
+    for sub, is_new in added:
+        if sub.share_name is not None:
+            continue  # no retained messages for shared subscriptions (MQTT 5.0 4.8.2)
+        if sub.retain_handling == 2 or (sub.retain_handling == 1 and not is_new):
+            continue  # MQTT-3.3.1-10, -11
+        _send_retained(broker, session, sub, now)
+
+
+def _subscribe_one(
+    broker: Broker,
+    conn: Connection,
+    session: Session,
+    request: SubscriptionRequest,
+    sub_id: int | None,
+) -> tuple[int, Subscription | None, bool]:
+    settings = broker.settings
+    raw = request.topic_filter
+    try:
+        shared = parse_shared(raw)
+    except ValueError as exc:
+        log.info("refusing subscription %r of %s: %s", raw, conn.label, exc)
+        return ReasonCode.TOPIC_FILTER_INVALID, None, False
+    if shared is not None:
+        share_name, topic_filter = shared
+        if not settings.shared_subscriptions:
+            return ReasonCode.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED, None, False
+        if request.no_local:
+            # MQTT-3.8.3-4
+            raise _Violation(ReasonCode.PROTOCOL_ERROR, "No Local on a shared subscription")
+    else:
+        share_name, topic_filter = None, raw
+        error = filter_error(topic_filter)
+        if error:
+            log.info("refusing subscription %r of %s: %s", raw, conn.label, error)
+            return ReasonCode.TOPIC_FILTER_INVALID, None, False
+    if not settings.wildcard_subscriptions and has_wildcard(topic_filter):
+        return ReasonCode.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED, None, False
+    for denied in settings.deny_subscriptions:
+        if subsumes(denied, topic_filter):
+            log.info("refusing subscription %r of %s: denied by %r", raw, conn.label, denied)
+            return settings.deny_subscription_reason, None, False
+    is_new = raw not in session.subscriptions
+    if is_new and len(session.subscriptions) >= settings.max_subscriptions_per_client:
+        log.warning(
+            "refusing subscription %r of %s: limit of %d subscriptions per client",
+            raw,
+            conn.label,
+            settings.max_subscriptions_per_client,
+        )
+        return ReasonCode.QUOTA_EXCEEDED, None, False
+    granted = request.qos
+    sub = Subscription(
+        topic_filter,
+        granted,
+        request.no_local,
+        request.retain_as_published,
+        request.retain_handling,
+        sub_id,
+        share_name,
+    )
+    old = session.subscriptions.get(raw)
+    if old is not None:
+        broker.index.remove(session, old)  # MQTT-3.8.4-3: replaced, not added
+    session.subscriptions[raw] = sub
+    broker.index.add(session, sub)
+    return granted, sub, is_new
+
+
+def _send_retained(broker: Broker, session: Session, sub: Subscription, now: float) -> None:
+    ids = (sub.identifier,) if sub.identifier else ()
+    for msg in broker.retained.matching(sub.topic_filter, now):
+        if sub.no_local and msg.origin == session.client_id:
+            continue
+        qos = sub.qos if sub.qos < msg.qos else msg.qos
+        # MQTT-3.3.1-9: RETAIN is 1 when sent because of a new subscription.
+        broker.deliver(session, msg, qos, True, ids, None, now)
+
+
+def handle_unsubscribe(broker: Broker, conn: Connection, packet: Unsubscribe, now: float) -> None:
+    session = conn.session
+    assert session is not None
+    codes: list[int] = []
+    for raw in packet.topic_filters:
+        sub = session.subscriptions.pop(raw, None)
+        if sub is not None:
+            broker.index.remove(session, sub)
+            codes.append(ReasonCode.SUCCESS)
+        else:
+            invalid = False
+            try:
+                inner = parse_shared(raw)
+                invalid = filter_error(inner[1] if inner else raw) is not None
+            except ValueError:
+                invalid = True
+            codes.append(
+                ReasonCode.TOPIC_FILTER_INVALID if invalid else ReasonCode.NO_SUBSCRIPTION_EXISTED
+            )
+    broker.send(conn, UnsubAck(packet.packet_id, tuple(codes) if conn.version == MQTT_5 else ()))

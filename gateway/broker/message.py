@@ -1,0 +1,160 @@
+"""An application message held by the broker: stored once, shared by every session.
+
+Encoding for delivery is cached on the message per distinct (protocol version,
+QoS, retain, topic alias) so fan-out to many subscribers encodes once and shares
+the bytes; the 2-byte packet identifier is the only per-recipient part.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Final
+
+from gateway.mqtt.packets import MQTT_5
+from gateway.mqtt.properties import EMPTY, Properties, encode_properties
+from gateway.mqtt.wire import encode_varint
+
+#: Forwarded properties never carry these; the server sets them per delivery.
+_PER_DELIVERY: Final = {
+    "topic_alias": None,
+    "subscription_identifiers": (),
+    "message_expiry_interval": None,
+}
+
+
+class Message:
+    """One PUBLISH as accepted by the broker."""
+
+    __slots__ = (
+        "_cache",
+        "_props_body",
+        "_topic_bytes",
+        "created",
+        "expires_at",
+        "origin",
+        "payload",
+        "properties",
+        "qos",
+        "retain",
+        "topic",
+    )
+
+    def __init__(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int = 0,
+        retain: bool = False,
+        properties: Properties = EMPTY,
+        *,
+        expires_at: float | None = None,
+        origin: str | None = None,
+        created: float = 0.0,
+    ) -> None:
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        if properties is not EMPTY and (
+            properties.topic_alias is not None
+            or properties.subscription_identifiers
+            or properties.message_expiry_interval is not None
+        ):
+            properties = properties.with_(**_PER_DELIVERY)
+            if not properties:
+                properties = EMPTY
+        self.properties = properties
+        self.expires_at = expires_at
+        self.origin = origin
+        self.created = created
+        self._topic_bytes: bytes | None = None
+        self._props_body: bytes | None = None
+        self._cache: dict[tuple[int, int, bool, int, bool], tuple[bytes, bytes]] | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"Message(topic={self.topic!r}, payload={self.payload[:32]!r}, qos={self.qos}, "
+            f"retain={self.retain})"
+        )
+
+    @property
+    def size(self) -> int:
+        """Bytes this message costs a queue: topic plus payload."""
+        return len(self.topic) + len(self.payload)
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at is not None and now >= self.expires_at
+
+    def expiry_remaining(self, now: float) -> int | None:
+        """Seconds left for the Message Expiry Interval sent onward (MQTT-3.3.2-6)."""
+        if self.expires_at is None:
+            return None
+        return max(0, math.ceil(self.expires_at - now))
+
+    def topic_bytes(self) -> bytes:
+        tb = self._topic_bytes
+        if tb is None:
+            tb = self._topic_bytes = self.topic.encode("utf-8")
+        return tb
+
+    def _properties_body(self) -> bytes:
+        body = self._props_body
+        if body is None:
+            encoded = encode_properties(self.properties)
+            # Drop the length prefix; per-delivery properties are appended after.
+            length_size = 1
+            while encoded[length_size - 1] & 0x80:
+                length_size += 1
+            body = self._props_body = encoded[length_size:]
+        return body
+
+    def encode(
+        self,
+        version: int,
+        qos: int,
+        retain: bool,
+        *,
+        dup: bool = False,
+        sub_ids: tuple[int, ...] = (),
+        expiry: int | None = None,
+        alias: int = 0,
+        send_topic: bool = True,
+    ) -> tuple[bytes, bytes]:
+        """``(head, tail)``: the packet is ``head + packet_id + tail`` (QoS 0: ``head`` alone).
+
+        Encodings without per-recipient parts are cached and shared.
+        """
+        cacheable = not sub_ids and expiry is None and not dup
+        key = (version, qos, retain, alias, send_topic)
+        if cacheable:
+            cache = self._cache
+            if cache is None:
+                cache = self._cache = {}
+            else:
+                hit = cache.get(key)
+                if hit is not None:
+                    return hit
+        first = 0x30 | (qos << 1) | (1 if retain else 0) | (0x08 if dup else 0)
+        topic = self.topic_bytes() if send_topic else b""
+        if version == MQTT_5:
+            props = self._properties_body()
+            if expiry is not None:
+                props += b"\x02" + expiry.to_bytes(4, "big")
+            if alias:
+                props += b"\x23" + alias.to_bytes(2, "big")
+            for ident in sub_ids:
+                props += b"\x0b" + encode_varint(ident)
+            tail = encode_varint(len(props)) + props + self.payload
+        else:
+            tail = self.payload
+        remaining = 2 + len(topic) + (2 if qos else 0) + len(tail)
+        head = bytes((first,)) + encode_varint(remaining) + len(topic).to_bytes(2, "big") + topic
+        parts = (head + tail, b"") if qos == 0 else (head, tail)
+        if cacheable:
+            assert self._cache is not None
+            self._cache[key] = parts
+        return parts
+
+
+def packet_size(parts: tuple[bytes, bytes], qos: int) -> int:
+    return len(parts[0]) + len(parts[1]) + (2 if qos else 0)

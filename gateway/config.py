@@ -1,0 +1,266 @@
+"""The one config file: TOML, validated by pydantic, errors naming key path and line.
+
+Every option has a default, so an empty file (or none) is the embedded default
+config: one listener on 127.0.0.1:1883, anonymous clients allowed. Options marked
+``reload=True`` are applied on SIGHUP; the rest need a restart.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from gateway.broker.settings import NEVER_EXPIRES, BrokerSettings
+from gateway.mqtt.reason_codes import ReasonCode
+from gateway.mqtt.topics import filter_error
+from gateway.mqtt.wire import VARINT_MAX
+
+
+def _reload(yes: bool) -> dict[str, Any]:
+    return {"reload": yes}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ListenerConfig(_Model):
+    """One place clients connect."""
+
+    host: str = Field("127.0.0.1", description="Address to bind.", json_schema_extra=_reload(False))
+    port: int = Field(
+        1883,
+        ge=0,
+        le=65535,
+        description="TCP port; 0 picks a free one.",
+        json_schema_extra=_reload(False),
+    )
+    name: str = Field("", description="Label used in logs.", json_schema_extra=_reload(False))
+
+
+class BrokerConfig(_Model):
+    """Broker limits and switches (see the example config for each meaning)."""
+
+    max_connections: int = Field(1024, ge=1, json_schema_extra=_reload(False))
+    max_packet_size: int = Field(
+        1_048_576, ge=64, le=VARINT_MAX + 5, json_schema_extra=_reload(False)
+    )
+    max_keepalive: int = Field(60, ge=0, le=65535, json_schema_extra=_reload(True))
+    connect_timeout: float = Field(10.0, gt=0, json_schema_extra=_reload(True))
+    receive_maximum: int = Field(100, ge=1, le=65535, json_schema_extra=_reload(False))
+    max_inflight: int = Field(100, ge=1, le=65535, json_schema_extra=_reload(True))
+    max_queued_messages: int = Field(1000, ge=0, json_schema_extra=_reload(True))
+    max_queued_bytes: int = Field(8 * 1024 * 1024, ge=0, json_schema_extra=_reload(True))
+    queue_qos0_offline: bool = Field(False, json_schema_extra=_reload(True))
+    topic_alias_maximum: int = Field(10, ge=0, le=65535, json_schema_extra=_reload(False))
+    retain_available: bool = Field(True, json_schema_extra=_reload(False))
+    max_retained_messages: int = Field(10_000, ge=0, json_schema_extra=_reload(False))
+    max_retained_bytes: int = Field(64 * 1024 * 1024, ge=0, json_schema_extra=_reload(False))
+    wildcard_subscriptions: bool = Field(True, json_schema_extra=_reload(False))
+    shared_subscriptions: bool = Field(True, json_schema_extra=_reload(False))
+    subscription_identifiers: bool = Field(True, json_schema_extra=_reload(False))
+    max_subscriptions_per_client: int = Field(4096, ge=1, json_schema_extra=_reload(True))
+    max_session_expiry_interval: int = Field(
+        NEVER_EXPIRES, ge=0, le=NEVER_EXPIRES, json_schema_extra=_reload(True)
+    )
+    persistent_session_expiry: int = Field(
+        NEVER_EXPIRES, ge=0, le=NEVER_EXPIRES, json_schema_extra=_reload(True)
+    )
+    allow_zero_length_client_id: bool = Field(True, json_schema_extra=_reload(True))
+    assigned_client_id_prefix: str = Field("ledge-", json_schema_extra=_reload(True))
+    deny_subscriptions: list[str] = Field(default_factory=list, json_schema_extra=_reload(True))
+    deny_subscription_reason: Literal["unspecified_error", "not_authorized"] = Field(
+        "unspecified_error", json_schema_extra=_reload(True)
+    )
+    sys_interval: float = Field(10.0, ge=0, json_schema_extra=_reload(False))
+    response_information_prefix: str = Field("response/", json_schema_extra=_reload(True))
+    max_outbound_bytes: int = Field(1024 * 1024, ge=1024, json_schema_extra=_reload(False))
+
+    @field_validator("deny_subscriptions")
+    @classmethod
+    def _filters_valid(cls, value: list[str]) -> list[str]:
+        for i, topic_filter in enumerate(value):
+            error = filter_error(topic_filter)
+            if error:
+                raise ValueError(f"entry {i} ({topic_filter!r}): {error}")
+        return value
+
+
+class AuthConfig(_Model):
+    allow_anonymous: bool = Field(True, json_schema_extra=_reload(True))
+    password_file: Path | None = Field(None, json_schema_extra=_reload(True))
+
+
+class LogConfig(_Model):
+    level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", json_schema_extra=_reload(True)
+    )
+
+
+class Config(_Model):
+    listeners: list[ListenerConfig] = Field(
+        default_factory=lambda: [ListenerConfig()], min_length=1, json_schema_extra=_reload(False)
+    )
+    data_dir: Path | None = Field(None, json_schema_extra=_reload(False))
+    broker: BrokerConfig = Field(default_factory=BrokerConfig)
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+
+    def broker_settings(self) -> BrokerSettings:
+        b = self.broker
+        values = b.model_dump()
+        values["deny_subscriptions"] = tuple(b.deny_subscriptions)
+        values["deny_subscription_reason"] = (
+            ReasonCode.NOT_AUTHORIZED
+            if b.deny_subscription_reason == "not_authorized"
+            else ReasonCode.UNSPECIFIED_ERROR
+        )
+        return BrokerSettings(**values)
+
+
+# ----------------------------------------------------------------------- loading
+
+
+class ConfigError(Exception):
+    """A config file that cannot be used; ``str()`` names the file, key path and line."""
+
+    def __init__(self, path: str, problems: list[str]) -> None:
+        super().__init__("\n".join(f"{path}: {p}" for p in problems))
+        self.path = path
+        self.problems = problems
+
+
+def load_config(path: str | Path) -> Config:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(str(path), [f"cannot read: {exc.strerror or exc}"]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), [f"not UTF-8 text (byte {exc.start})"]) from None
+    return parse_config(text, str(path))
+
+
+def parse_config(text: str, source: str = "<config>") -> Config:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(source, [f"TOML syntax error: {exc}"]) from None
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        lines = _KeyLines(text)
+        problems = []
+        for error in exc.errors():
+            loc = tuple(error["loc"])
+            where = key_path(loc)
+            line = lines.find(loc)
+            message = error["msg"]
+            if error["type"] == "extra_forbidden":
+                message = "unknown option"
+            at = f" (line {line})" if line else ""
+            problems.append(f"{where}{at}: {message}")
+        raise ConfigError(source, problems) from None
+
+
+def key_path(loc: tuple[int | str, ...]) -> str:
+    """``('listeners', 1, 'port')`` -> ``listeners[1].port``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+_HEADER = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
+_KEY = re.compile(
+    r"^\s*((?:[A-Za-z0-9_-]+|\"[^\"]*\"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|\"[^\"]*\"|'[^']*'))*)\s*="
+)
+
+
+def _split_key(key: str) -> list[str]:
+    parts = re.findall(r"[A-Za-z0-9_-]+|\"[^\"]*\"|'[^']*'", key)
+    return [p[1:-1] if p[:1] in "\"'" else p for p in parts]
+
+
+class _KeyLines:
+    """Maps key paths to the line that sets them (tables, array tables, dotted keys)."""
+
+    def __init__(self, text: str) -> None:
+        self.lines: dict[tuple[int | str, ...], int] = {}
+        counts: dict[tuple[str, ...], int] = {}
+        table: tuple[int | str, ...] = ()
+        for number, line in enumerate(text.splitlines(), start=1):
+            header = _HEADER.match(line)
+            if header:
+                names = _split_key(header.group(2))
+                if header.group(1) == "[[":
+                    base = tuple(names)
+                    index = counts.get(base, 0)
+                    counts[base] = index + 1
+                    table = (*names, index)
+                else:
+                    table = tuple(names)
+                self.lines.setdefault(table, number)
+                continue
+            key = _KEY.match(line)
+            if key:
+                self.lines.setdefault((*table, *_split_key(key.group(1))), number)
+
+    def find(self, loc: tuple[int | str, ...]) -> int | None:
+        for end in range(len(loc), 0, -1):
+            line = self.lines.get(loc[:end])
+            if line is not None:
+                return line
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Overrides:
+    """Command-line flags, which win over the file."""
+
+    listen: tuple[tuple[str, int], ...] = ()
+    data_dir: Path | None = None
+    log_level: str | None = None
+
+    def apply(self, config: Config) -> Config:
+        changes: dict[str, Any] = {}
+        if self.listen:
+            changes["listeners"] = [ListenerConfig(host=h, port=p) for h, p in self.listen]
+        if self.data_dir is not None:
+            changes["data_dir"] = self.data_dir
+        if self.log_level is not None:
+            changes["log"] = LogConfig.model_validate({"level": self.log_level})
+        return config.model_copy(update=changes) if changes else config
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6; ``:PORT`` means all interfaces)."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep:
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"{text!r}: port {port_text!r} is not a number") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"{text!r}: port {port} is outside 0..65535")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host or "0.0.0.0", port
+
+
+def reloadable_fields(model: type[BaseModel]) -> dict[str, bool]:
+    """Field name -> whether SIGHUP applies it."""
+    out = {}
+    for name, field in model.model_fields.items():
+        extra = field.json_schema_extra
+        out[name] = bool(isinstance(extra, dict) and extra.get("reload"))
+    return out

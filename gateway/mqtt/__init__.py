@@ -1,0 +1,82 @@
+"""The MQTT codec: packets as values, bytes in and out, no I/O (sans-IO)."""
+
+from __future__ import annotations
+
+from gateway.mqtt.codec import decode, encode
+from gateway.mqtt.errors import (
+    BadProtocolName,
+    MalformedPacket,
+    MQTTError,
+    PacketTooLarge,
+    ProtocolError,
+    TopicNameInvalid,
+    UnsupportedProtocolVersion,
+)
+from gateway.mqtt.framer import NEED_DATA, Framer, NeedData, PacketReader
+from gateway.mqtt.packets import (
+    MQTT_5,
+    MQTT_311,
+    Auth,
+    ConnAck,
+    Connect,
+    Disconnect,
+    Packet,
+    PacketType,
+    PingReq,
+    PingResp,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    SubAck,
+    Subscribe,
+    SubscriptionRequest,
+    UnsubAck,
+    Unsubscribe,
+    Will,
+)
+from gateway.mqtt.properties import EMPTY, Properties, PropertyId
+from gateway.mqtt.reason_codes import ConnackCode311, ReasonCode
+
+__all__ = [
+    "EMPTY",
+    "MQTT_5",
+    "MQTT_311",
+    "NEED_DATA",
+    "Auth",
+    "BadProtocolName",
+    "ConnAck",
+    "ConnackCode311",
+    "Connect",
+    "Disconnect",
+    "Framer",
+    "MQTTError",
+    "MalformedPacket",
+    "NeedData",
+    "Packet",
+    "PacketReader",
+    "PacketTooLarge",
+    "PacketType",
+    "PingReq",
+    "PingResp",
+    "Properties",
+    "PropertyId",
+    "ProtocolError",
+    "PubAck",
+    "PubComp",
+    "PubRec",
+    "PubRel",
+    "Publish",
+    "ReasonCode",
+    "SubAck",
+    "Subscribe",
+    "SubscriptionRequest",
+    "TopicNameInvalid",
+    "UnsubAck",
+    "Unsubscribe",
+    "UnsupportedProtocolVersion",
+    "Will",
+    "decode",
+    "encode",
+]
