@@ -146,8 +146,9 @@ async def run(
     try:
         await gateway.wait()
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            loop.remove_signal_handler(sig)
+        # Handlers stay installed while closing (the loop removes them when it
+        # closes): a second SIGTERM must not kill the process halfway through
+        # telling clients.
         await gateway.close()
     return 0
 

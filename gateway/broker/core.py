@@ -178,6 +178,8 @@ class Broker:
         self.shutting_down = True
         for conn in list(self.connections.values()):
             if conn.state is State.CONNECTED:
+                # The clients did nothing wrong: their wills are not published.
+                conn.graceful = True
                 self.fail(conn, ReasonCode.SERVER_SHUTTING_DOWN, "server shutting down", now)
             elif conn.state is State.NEW:
                 self.close(conn, now, "server shutting down")

@@ -325,7 +325,10 @@ def _decode_subscribe(body: Buffer, version: int) -> Subscribe:
         pos += 1
         qos = options & 0x03
         if qos == 3:
-            raise MalformedPacket("SUBSCRIBE requested QoS is 3")
+            if version == MQTT_5:
+                # MQTT 5.0 section 3.8.3.1: a Maximum QoS of 3 is a Protocol Error.
+                raise ProtocolError("SUBSCRIBE maximum QoS is 3")
+            raise MalformedPacket("SUBSCRIBE requested QoS is 3")  # MQTT-3-8.3-4 (3.1.1)
         if version == MQTT_5:
             if options & 0xC0:
                 raise MalformedPacket("SUBSCRIBE options reserved bits set")  # MQTT-3.8.3-5

@@ -72,7 +72,8 @@ class Framer:
         avail = len(buf) - pos
         if avail < 2:
             return NEED_DATA
-        # Remaining length: a variable byte integer of at most four bytes (MQTT-1.5.5-1).
+        # Remaining length: a variable byte integer of at most four bytes (section 1.5.5,
+        # 2.1.4), in the minimum number of bytes (MQTT-1.5.5-1).
         length = 0
         shift = 0
         i = pos + 1
@@ -83,6 +84,9 @@ class Framer:
             i += 1
             length |= (byte & 0x7F) << shift
             if not byte & 0x80:
+                if byte == 0 and shift:
+                    # A last byte of 0 after a continuation byte is an overlong encoding.
+                    raise MalformedPacket("remaining length not in its minimal encoding")
                 break
             shift += 7
             if shift >= 28:

@@ -36,7 +36,8 @@ _SMALL_VARINTS: Final = tuple(bytes((i,)) for i in range(128))
 
 
 def read_varint(buf: Buffer, pos: int, end: int) -> tuple[int, int]:
-    """A variable byte integer; more than four bytes is malformed (MQTT-1.5.5-1)."""
+    """A variable byte integer of at most four bytes (section 1.5.5), minimally
+    encoded (MQTT-1.5.5-1); anything else is malformed."""
     value = 0
     shift = 0
     for _ in range(4):
@@ -46,6 +47,8 @@ def read_varint(buf: Buffer, pos: int, end: int) -> tuple[int, int]:
         pos += 1
         value |= (byte & 0x7F) << shift
         if not byte & 0x80:
+            if byte == 0 and shift:
+                raise MalformedPacket("variable byte integer not in its minimal encoding")
             return value, pos
         shift += 7
     raise MalformedPacket("variable byte integer longer than four bytes")

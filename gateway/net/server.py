@@ -31,16 +31,35 @@ class ListenerSpec:
         return self.name or f"{self.host}:{self.port}"
 
 
+#: After the broker's last packet on a connection (a DISCONNECT, a refusing CONNACK),
+#: how long the write side stays shut while input is read and discarded before the
+#: socket closes. Closing with unread input makes the kernel send RST, which can
+#: destroy that last packet before the client reads it ("lingering close").
+LINGER_SECONDS = 2.0
+
+
 class MQTTProtocol(asyncio.Protocol):
     """One TCP connection: bytes to the core, the core's bytes back out."""
 
-    __slots__ = ("conn", "listener", "server", "transport")
+    __slots__ = ("_linger", "conn", "listener", "server", "transport")
 
     def __init__(self, server: Server, listener: str) -> None:
         self.server = server
         self.listener = listener
         self.transport: asyncio.Transport | None = None
         self.conn: Connection | None = None
+        self._linger: asyncio.TimerHandle | None = None
+
+    def finish(self) -> None:
+        """Our side is done: shut the write side, drain input briefly, then close."""
+        transport = self.transport
+        if transport is None or self._linger is not None:
+            return
+        if transport.can_write_eof():
+            transport.write_eof()
+            self._linger = self.server.loop.call_later(LINGER_SECONDS, transport.close)
+        else:
+            transport.close()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
@@ -66,9 +85,11 @@ class MQTTProtocol(asyncio.Protocol):
         server.after_event()
 
     def eof_received(self) -> bool:
-        return False  # close our side too
+        return False  # the peer is done: close our side too
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._linger is not None:
+            self._linger.cancel()
         server = self.server
         server.protocols.discard(self)
         conn = self.conn
@@ -155,8 +176,8 @@ class Server:
                     data = b"".join(chunks)
                     transport.write(data)
                     sent += len(data)
-            if conn.state is State.CLOSING:
-                transport.close()
+            if conn.state is State.CLOSING and isinstance(proto, MQTTProtocol):
+                proto.finish()
         broker.stats.bytes_sent += sent
         if broker.dirty:
             self._flush_scheduled = True

@@ -1,0 +1,43 @@
+"""Shared fixtures: real Ledge and Mosquitto processes on free loopback ports."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from tests.support.procs import LedgeProcess, MosquittoProcess
+
+settings.register_profile("default", max_examples=100, deadline=None)
+settings.register_profile(
+    "long", max_examples=20_000, deadline=None, suppress_health_check=list(HealthCheck)
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+@pytest.fixture
+def ledge() -> Iterator[LedgeProcess]:
+    """A fresh ``ledge run`` on the embedded default config, on a free port."""
+    proc = LedgeProcess().start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_ledge() -> Iterator[LedgeProcess]:
+    """One ``ledge run`` for a whole module; tests use distinct client ids and topics."""
+    proc = LedgeProcess().start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def mosquitto(tmp_path: Path) -> Iterator[MosquittoProcess]:
+    if not MosquittoProcess.available():
+        pytest.fail("mosquitto is not installed: run scripts/setup --test")
+    proc = MosquittoProcess(tmp_path).start()
+    yield proc
+    proc.stop()

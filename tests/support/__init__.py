@@ -1,0 +1,1 @@
+"""Test support: a pure-core harness and real-process fixtures."""

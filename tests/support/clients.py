@@ -1,0 +1,152 @@
+"""Thin wrappers around third-party MQTT clients, recording what they receive."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode as PahoReasonCode
+
+from tests.support.wait import wait_for
+
+
+@dataclass
+class Received:
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool
+    properties: Any = None
+
+
+@dataclass
+class Paho:
+    """A paho-mqtt client (3.1.1 or 5.0) with its loop in a background thread."""
+
+    port: int
+    client_id: str
+    version: int = 5
+    messages: list[Received] = field(default_factory=list)
+    disconnects: list[int] = field(default_factory=list)
+    subacks: list[list[int]] = field(default_factory=list)
+    connack: Any = None
+    session_present: bool | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self._make_client(clean=True)
+
+    def _make_client(self, clean: bool) -> None:
+        protocol = mqtt.MQTTv5 if self.version == 5 else mqtt.MQTTv311
+        kwargs: dict[str, Any] = {}
+        if self.version != 5:
+            kwargs["clean_session"] = clean
+        self.client = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=self.client_id,
+            protocol=protocol,
+            **kwargs,
+        )
+        self.client.on_message = self._on_message
+        self.client.on_connect = self._on_connect
+        self.client.on_disconnect = self._on_disconnect
+        self.client.on_subscribe = self._on_subscribe
+
+    def _on_message(self, client: Any, userdata: Any, msg: mqtt.MQTTMessage) -> None:
+        with self._lock:
+            self.messages.append(
+                Received(
+                    msg.topic,
+                    bytes(msg.payload),
+                    msg.qos,
+                    bool(msg.retain),
+                    getattr(msg, "properties", None),
+                )
+            )
+
+    def _on_connect(
+        self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any = None
+    ) -> None:
+        self.connack = rc
+        self.session_present = bool(flags.session_present)
+
+    def _on_disconnect(
+        self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any = None
+    ) -> None:
+        self.disconnects.append(rc.value if isinstance(rc, PahoReasonCode) else int(rc))
+
+    def _on_subscribe(
+        self, client: Any, userdata: Any, mid: int, codes: Any, props: Any = None
+    ) -> None:
+        self.subacks.append([c.value if isinstance(c, PahoReasonCode) else int(c) for c in codes])
+
+    def connect(
+        self,
+        *,
+        clean: bool = True,
+        session_expiry: int | None = None,
+        will: tuple[str, bytes, int, bool] | None = None,
+        keepalive: int = 60,
+    ) -> Paho:
+        self.connack = None
+        self._make_client(clean)
+        if will is not None:
+            self.client.will_set(will[0], will[1], will[2], will[3])
+        if self.version == 5:
+            props = Properties(PacketTypes.CONNECT)
+            if session_expiry is not None:
+                props.SessionExpiryInterval = session_expiry
+            self.client.connect(
+                "127.0.0.1", self.port, keepalive, clean_start=clean, properties=props
+            )
+        else:
+            self.client.connect("127.0.0.1", self.port, keepalive)
+        self.client.loop_start()
+        wait_for(lambda: self.connack is not None, 5, f"CONNACK for {self.client_id}")
+        return self
+
+    def subscribe(self, topic: str, qos: int = 0, **options: Any) -> list[int]:
+        before = len(self.subacks)
+        if self.version == 5:
+            from paho.mqtt.subscribeoptions import SubscribeOptions
+
+            self.client.subscribe(topic, options=SubscribeOptions(qos=qos, **options))
+        else:
+            self.client.subscribe(topic, qos)
+        wait_for(lambda: len(self.subacks) > before, 5, f"SUBACK for {topic}")
+        return self.subacks[before]
+
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int = 0,
+        retain: bool = False,
+        properties: Properties | None = None,
+    ) -> None:
+        info = self.client.publish(topic, payload, qos, retain, properties=properties)
+        if qos:
+            info.wait_for_publish(5)
+            assert info.is_published(), f"no acknowledgement for {topic}"
+
+    def wait_messages(self, count: int, timeout: float = 5.0) -> list[Received]:
+        wait_for(
+            lambda: len(self.messages) >= count, timeout, f"{count} messages at {self.client_id}"
+        )
+        return list(self.messages)
+
+    def disconnect(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+    def kill(self) -> None:
+        """Break the connection without DISCONNECT (so the will fires)."""
+        self.client.loop_stop()
+        sock = self.client.socket()
+        if sock is not None:
+            sock.close()

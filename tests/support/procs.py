@@ -1,0 +1,163 @@
+"""Real processes for tests: Ledge (``python -m gateway run``) and Debian's Mosquitto.
+
+Both listen on a free loopback port and are stopped by the fixtures that start
+them; every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from tests.support.wait import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+_LISTENING = re.compile(r"listening on ([0-9.]+):(\d+)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+class LedgeProcess:
+    """``ledge run`` as a subprocess on a free loopback port; its log is kept."""
+
+    def __init__(self, *args: str, config: Path | None = None) -> None:
+        cmd = [sys.executable, "-m", "gateway", "run", "--listen", "127.0.0.1:0"]
+        if config is not None:
+            cmd += ["--config", str(config)]
+        cmd += list(args)
+        self.cmd = cmd
+        self.lines: list[str] = []
+        self.port = 0
+        self.proc: subprocess.Popen[str] | None = None
+        self._reader: threading.Thread | None = None
+        self._terminated = False
+
+    def start(self, timeout: float = 15.0) -> LedgeProcess:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            self.cmd,
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+        def bound() -> int:
+            for line in list(self.lines):
+                m = _LISTENING.search(line)
+                if m:
+                    return int(m.group(2))
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"ledge exited early:\n{self.log}")
+            return 0
+
+        self.port = wait_for(bound, timeout, "ledge to listen")
+        return self
+
+    def _read(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def log(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_log(self, pattern: str, timeout: float = 5.0) -> str:
+        rx = re.compile(pattern)
+
+        def found() -> str:
+            for line in list(self.lines):
+                if rx.search(line):
+                    return line
+            return ""
+
+        return wait_for(found, timeout, f"log line matching {pattern!r}")
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        if sig == signal.SIGTERM:
+            self._terminated = True
+        self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM (unless already sent), then wait; returns the exit code."""
+        proc = self.proc
+        if proc is None:
+            return 0
+        if proc.poll() is None:
+            if not self._terminated:
+                proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+                raise AssertionError(f"ledge did not stop on SIGTERM:\n{self.log}") from None
+        if self._reader is not None:
+            self._reader.join(5)
+        if proc.stderr is not None:
+            proc.stderr.close()
+        return proc.returncode
+
+
+class MosquittoProcess:
+    """Debian's mosquitto on a free loopback port, anonymous access allowed."""
+
+    def __init__(self, workdir: Path, extra_config: str = "") -> None:
+        self.workdir = workdir
+        self.extra_config = extra_config
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @staticmethod
+    def available() -> bool:
+        return shutil.which("mosquitto") is not None or Path("/usr/sbin/mosquitto").exists()
+
+    def start(self, port: int | None = None, timeout: float = 10.0) -> MosquittoProcess:
+        self.port = port or free_port()
+        conf = self.workdir / f"mosquitto-{self.port}.conf"
+        conf.write_text(
+            f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
+            f"persistence false\n{self.extra_config}\n"
+        )
+        binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+        self.proc = subprocess.Popen(
+            [binary, "-c", str(conf)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_for(lambda: port_open(self.port), timeout, "mosquitto to listen")
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)

@@ -1,0 +1,99 @@
+"""The import direction between layers (DESIGN.md): pure layers stay pure.
+
+Walks every module's imports (with ``ast``, without importing anything) and fails
+when a pure layer imports I/O or clock modules, a third-party package, or a layer
+to its right.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: Layers left to right; a layer may import only itself and layers to its left.
+ORDER = [
+    "gateway.mqtt",
+    "gateway.broker",
+    "gateway.store",
+    "gateway.net",
+    "gateway.bridge",
+    "gateway.app",
+]
+PURE = {"gateway.mqtt", "gateway.broker"}
+IMPURE_MODULES = {"asyncio", "socket", "time", "selectors", "ssl", "threading", "subprocess"}
+
+
+def modules_of(package: str) -> list[Path]:
+    return sorted((REPO / package.replace(".", "/")).rglob("*.py"))
+
+
+def imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    parts = path.with_suffix("").parts
+    package = (
+        ".".join(path.relative_to(REPO).with_suffix("").parts[:-1])
+        if path.is_relative_to(REPO)
+        else parts[-2]
+    )
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                found.add(".".join([*base, node.module] if node.module else base))
+            elif node.module:
+                found.add(node.module)
+    return found
+
+
+def layer_of(module: str) -> str | None:
+    for layer in ORDER:
+        if module == layer or module.startswith(layer + "."):
+            return layer
+    if module.split(".", maxsplit=1)[0] == "gateway":
+        return "gateway.app"  # gateway.cli, gateway.config, gateway.app
+    return None
+
+
+@pytest.mark.parametrize("layer", sorted(PURE))
+def test_pure_layers_import_only_stdlib_and_their_left(layer: str) -> None:
+    allowed = set(ORDER[: ORDER.index(layer) + 1])
+    problems = []
+    for path in modules_of(layer):
+        for module in imports(path):
+            top = module.split(".")[0]
+            if top in IMPURE_MODULES:
+                problems.append(f"{path.name} imports {module} (I/O or clock in a pure layer)")
+            elif top == "gateway":
+                target = layer_of(module)
+                if module != "gateway" and target not in allowed:
+                    problems.append(f"{path.name} imports {module} (layer to the right)")
+            elif top not in sys.stdlib_module_names and top != "__future__":
+                problems.append(f"{path.name} imports third-party {module}")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("layer", ORDER[:-1])
+def test_no_layer_imports_to_its_right(layer: str) -> None:
+    allowed = set(ORDER[: ORDER.index(layer) + 1])
+    for path in modules_of(layer):
+        for module in imports(path):
+            target = layer_of(module)
+            if target is not None and module != "gateway":
+                assert target in allowed, f"{path} imports {module}"
+
+
+def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
+    """The walker itself must catch an import (so the tests above can fail)."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("import socket\nfrom gateway.net import server\n")
+    found = imports(bad)
+    assert "socket" in found and "gateway.net" in found
