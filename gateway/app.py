@@ -82,7 +82,12 @@ class Gateway:
                     str(self.config_path or "<command line>"),
                     [f"listeners[{i}]: cannot listen on {where}: {exc.strerror}"],
                 ) from None
-        log.info("ledge %s started (pid %d)", __version__, os.getpid())
+        log.info(
+            "ledge %s started (pid %d, event loop %s)",
+            __version__,
+            os.getpid(),
+            type(loop).__module__.split(".")[0],
+        )
 
     def stop(self) -> None:
         self._stop.set()

@@ -295,8 +295,28 @@ def mutated(draw: st.DrawFn, version: int) -> bytes:
     return bytes(data)
 
 
+@st.composite
+def reframed(draw: st.DrawFn, version: int) -> bytes:
+    """A valid packet's body with bytes replaced, re-framed with its true length, so the
+    mutation reaches the packet decoder instead of only breaking the framing."""
+    data = encode(draw(packets(version)), version)
+    header = 2
+    while data[header - 1] & 0x80:
+        header += 1
+    body = bytearray(data[header:])
+    for _ in range(draw(st.integers(1, 3))):
+        if body:
+            body[draw(st.integers(0, len(body) - 1))] = draw(st.integers(0, 255))
+    if draw(st.booleans()):
+        del body[draw(st.integers(0, len(body))) :]
+    first = data[0] ^ draw(st.sampled_from([0, 0, 0, 1, 2, 4, 8]))
+    return bytes((first,)) + encode_varint(len(body)) + bytes(body)
+
+
 def hostile_bytes(version: int) -> SearchStrategy[bytes]:
-    segment = st.one_of(st.binary(max_size=64), framed_garbage(), mutated(version))
+    segment = st.one_of(
+        st.binary(max_size=64), framed_garbage(), mutated(version), reframed(version)
+    )
     return st.lists(segment, min_size=1, max_size=4).map(b"".join)
 
 

@@ -20,6 +20,7 @@ from gateway.mqtt import (
     Properties,
     Publish,
     ReasonCode,
+    Will,
 )
 from tests.support.harness import Harness
 
@@ -357,3 +358,24 @@ def test_publish_before_connack_is_never_processed() -> None:
     c.send(Publish("t", b"x"))
     assert c.closed
     assert h.broker.stats.publish_received == 0
+
+
+@pytest.mark.parametrize(
+    ("will", "settings", "v5_code", "v3_code"),
+    [
+        (Will("state", b"x", retain=True), {"retain_available": False}, 0x9A, 0x03),
+        (Will("$SYS/fake", b"x"), {}, ReasonCode.NOT_AUTHORIZED, 0x05),
+        (Will("t", b"\xff", properties=Properties(payload_format_indicator=1)), {}, 0x99, None),
+    ],
+    ids=["retain-unavailable", "sys-topic", "payload-not-utf8"],
+)
+def test_unpublishable_will_refused_at_connect(
+    will: Will, settings: dict[str, bool], v5_code: int, v3_code: int | None
+) -> None:
+    h = Harness(**settings)
+    c = h.client()
+    assert c.connect("w", will=will).reason_code == v5_code
+    assert c.closed
+    if v3_code is not None:
+        c3 = h.client(MQTT_311)
+        assert c3.connect("w3", will=will).reason_code == v3_code

@@ -150,8 +150,14 @@ class Broker:
         """The transport is gone (peer closed, reset, or our close completed)."""
         if conn.state is State.CLOSED:
             return
-        if conn.state is not State.CLOSING and conn.state is State.CONNECTED:
+        if conn.state is State.CONNECTED:
             log.info("client %s disconnected: connection lost", conn.label)
+        if conn.dropped:
+            log.warning(
+                "client %s was a slow consumer: %d QoS 0 messages dropped",
+                conn.label,
+                conn.dropped,
+            )
         self._detach(conn, now)
         conn.state = State.CLOSED
         self.connections.pop(conn.id, None)
@@ -209,12 +215,6 @@ class Broker:
             packet = _strip_problem_details(packet)
             data = encode(packet, conn.version or MQTT_311)
         self.send_bytes(conn, data)
-
-    def reason_props(self, conn: Connection, reason: str | None) -> Properties:
-        """A reason string, if the client accepts problem information on this packet."""
-        if reason and conn.problem_info and conn.version == MQTT_5:
-            return Properties(reason_string=reason)
-        return EMPTY
 
     # ================================================================== closing
 
@@ -438,6 +438,16 @@ class Broker:
             base + "bytes/sent": str(st.bytes_sent),
             base + "subscriptions/count": str(self.index.count),
             base + "retained messages/count": str(len(self.retained)),
+            # Ledge's own: every drop and refusal, by reason.
+            base + "publish/messages/dropped/slow consumer": str(st.dropped_slow_consumer),
+            base + "publish/messages/dropped/queue full": str(st.dropped_queue_full),
+            base + "publish/messages/dropped/expired": str(st.dropped_expired),
+            base + "publish/messages/dropped/too large": str(st.dropped_too_large),
+            base + "publish/messages/dropped/offline qos 0": str(st.dropped_offline_qos0),
+            base + "publish/messages/denied": str(st.publish_denied),
+            base + "retained messages/refused": str(self.retained.refused),
+            base + "clients/refused": str(st.connections_refused),
+            base + "clients/protocol errors": str(st.protocol_errors),
         }
         for name, load in self._loads.items():
             load.update(counters[name], now)

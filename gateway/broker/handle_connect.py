@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.broker.connection import Connection, State
 from gateway.broker.session import Session
-from gateway.mqtt.packets import MQTT_5, Auth, ConnAck, Connect, Disconnect, PingReq
+from gateway.mqtt.packets import MQTT_5, Auth, ConnAck, Connect, Disconnect, PingReq, Will
 from gateway.mqtt.properties import EMPTY, Properties
 from gateway.mqtt.reason_codes import ReasonCode
 from gateway.mqtt.wire import VARINT_MAX
@@ -80,6 +80,14 @@ def handle_connect(broker: Broker, conn: Connection, packet: Connect, now: float
         )
         broker.refuse_connect(conn, verdict, reason, now)
         return
+
+    # -- the will must be publishable
+    will = packet.will
+    if will is not None:
+        problem = _will_problem(broker, will)
+        if problem is not None:
+            broker.refuse_connect(conn, problem[0], problem[1], now)
+            return
 
     if broker.shutting_down:
         broker.refuse_connect(conn, ReasonCode.SERVER_UNAVAILABLE, "server shutting down", now)
@@ -225,3 +233,17 @@ def handle_disconnect(broker: Broker, conn: Connection, packet: Disconnect, now:
 def handle_auth(broker: Broker, conn: Connection, packet: Auth, now: float) -> None:
     # No authentication method was agreed at CONNECT, so any AUTH is out of place.
     broker.fail(conn, ReasonCode.PROTOCOL_ERROR, "AUTH without an authentication method", now)
+
+
+def _will_problem(broker: Broker, will: Will) -> tuple[int, str] | None:
+    """Why ``will`` can never be published, or None."""
+    if will.retain and not broker.settings.retain_available:
+        return ReasonCode.RETAIN_NOT_SUPPORTED, "retained wills need retained messages"
+    if will.topic.startswith("$SYS"):
+        return ReasonCode.NOT_AUTHORIZED, "a will may not be published under $SYS"
+    if will.properties.payload_format_indicator == 1:
+        try:
+            will.payload.decode("utf-8")
+        except UnicodeDecodeError:
+            return ReasonCode.PAYLOAD_FORMAT_INVALID, "will payload is not UTF-8"
+    return None
