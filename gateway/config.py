@@ -80,6 +80,7 @@ class BrokerConfig(_Model):
     sys_interval: float = Field(10.0, ge=0, json_schema_extra=_reload(False))
     response_information_prefix: str = Field("response/", json_schema_extra=_reload(True))
     max_outbound_bytes: int = Field(1024 * 1024, ge=1024, json_schema_extra=_reload(False))
+    slow_consumer_timeout: float = Field(60.0, ge=0, json_schema_extra=_reload(True))
 
     @field_validator("deny_subscriptions")
     @classmethod

@@ -28,11 +28,13 @@ class Connection:
     """Per-connection protocol state (one writer: the broker core)."""
 
     __slots__ = (
+        "abort",
         "aliases_in",
         "aliases_out",
         "client_id",
         "close_reason",
         "dropped",
+        "generation",
         "graceful",
         "handle",
         "id",
@@ -43,6 +45,8 @@ class Connection:
         "opened_at",
         "out",
         "out_bytes",
+        "overflow",
+        "paused_at",
         "peer",
         "peer_alias_max",
         "peer_max_packet",
@@ -57,14 +61,26 @@ class Connection:
         "writable",
     )
 
-    def __init__(
-        self, conn_id: int, peer: str, listener: str, now: float, max_packet_size: int
-    ) -> None:
+    def __init__(self, max_packet_size: int) -> None:
+        """An unused slot; ``reset`` makes it a connection."""
+        self.reader = PacketReader(max_packet_size)
+        self.out: list[bytes] = []
+        self.aliases_out: dict[str, int] = {}
+        self.aliases_in: dict[int, str] = {}
+        #: Counts reuses of this slot; timers compare it to know they are still current.
+        self.generation = 0
+        #: A connection beyond the pool, kept only to refuse its CONNECT properly.
+        self.overflow = False
+        self.reset(0, "", "", 0.0)
+
+    def reset(self, conn_id: int, peer: str, listener: str, now: float) -> None:
+        """Make this slot a fresh connection (nothing of the previous one survives)."""
+        self.generation += 1
         self.id = conn_id
         self.peer = peer
         self.listener = listener
         self.handle: Any = None
-        self.reader = PacketReader(max_packet_size)
+        self.reader.reset()
         self.version = 0
         self.state = State.NEW
         self.session: Session | None = None
@@ -73,18 +89,22 @@ class Connection:
         self.keep_alive = 0
         self.last_rx = now
         self.opened_at = now
-        self.out: list[bytes] = []
+        self.out.clear()
         self.out_bytes = 0
         self.in_dirty = False
         self.writable = True
+        #: When the transport last paused writing (the client stopped reading).
+        self.paused_at = 0.0
+        #: Close without flushing (a slow consumer's output will never drain).
+        self.abort = False
         #: The client's Maximum Packet Size (None: no limit beyond the protocol's).
         self.peer_max_packet: int | None = None
         #: The client's Receive Maximum: QoS 1/2 PUBLISHes we may have unacknowledged.
         self.peer_receive_max = 65_535
         #: The client's Topic Alias Maximum: how many aliases we may use towards it.
         self.peer_alias_max = 0
-        self.aliases_out: dict[str, int] = {}
-        self.aliases_in: dict[int, str] = {}
+        self.aliases_out.clear()
+        self.aliases_in.clear()
         self.problem_info = True
         self.will: Will | None = None
         self.close_reason: str | None = None

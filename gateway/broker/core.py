@@ -28,9 +28,9 @@ from gateway.broker.session import AWAIT_ACK, AWAIT_COMP, Outgoing, Session
 from gateway.broker.settings import NEVER_EXPIRES, BrokerSettings
 from gateway.broker.stats import LoadAverage, Stats
 from gateway.broker.timers import Timers
-from gateway.mqtt.codec import encode
+from gateway.mqtt.codec import decode, encode
 from gateway.mqtt.errors import BadProtocolName, MQTTError, UnsupportedProtocolVersion
-from gateway.mqtt.framer import NEED_DATA
+from gateway.mqtt.framer import NeedData
 from gateway.mqtt.packets import (
     MQTT_5,
     MQTT_311,
@@ -55,6 +55,9 @@ from gateway.mqtt.reason_codes import ReasonCode, connack_311, describe
 log = logging.getLogger("ledge.broker")
 
 Handler = Callable[["Broker", Connection, Any, float], None]
+
+#: Connections beyond ``max_connections`` that may wait at once for their refusal.
+OVERFLOW_SLOTS: Final = 64
 
 #: Packets a server must never receive (they flow server -> client only).
 _SERVER_BOUND_ONLY: Final = "CONNACK, SUBACK, UNSUBACK and PINGRESP are sent by servers only"
@@ -88,6 +91,11 @@ class Broker:
         self.stats = Stats()
         self.shutting_down = False
         self._next_conn_id = 1
+        # The connection pool: every slot allocated now, reused for the process's life.
+        self._free = [
+            Connection(self.settings.max_packet_size) for _ in range(self.settings.max_connections)
+        ]
+        self._overflow = 0
         self._client_id_factory = client_id_factory or _random_client_id
         self._loads = {name: LoadAverage() for name in _LOAD_COUNTERS}
         self._sys_last: dict[str, bytes] = {}
@@ -109,13 +117,40 @@ class Broker:
 
     # ================================================================== shell API
 
-    def open_connection(self, peer: str, listener: str, now: float) -> Connection:
-        """A new network connection; it must send CONNECT within ``connect_timeout``."""
-        conn = Connection(self._next_conn_id, peer, listener, now, self.settings.max_packet_size)
+    def open_connection(self, peer: str, listener: str, now: float) -> Connection | None:
+        """A new network connection, in a slot of the pool; it must send CONNECT within
+        ``connect_timeout``.
+
+        When every slot is taken, up to ``OVERFLOW_SLOTS`` more connections get a
+        temporary slot that only answers their CONNECT with a refusal in their own
+        protocol version; beyond that, None: the shell closes the socket at once.
+        Both are counted as refused.
+        """
+        if self._free:
+            conn = self._free.pop()
+        elif self._overflow < OVERFLOW_SLOTS:
+            conn = Connection(self.settings.max_packet_size)
+            conn.overflow = True
+            self._overflow += 1
+        else:
+            self.stats.connections_refused += 1
+            if self.stats.connections_refused & (self.stats.connections_refused - 1) == 0:
+                log.warning(
+                    "connection from %s closed at once: all %d slots and %d refusal slots "
+                    "in use (%d refused so far)",
+                    peer,
+                    self.settings.max_connections,
+                    OVERFLOW_SLOTS,
+                    self.stats.connections_refused,
+                )
+            return None
+        conn.reset(self._next_conn_id, peer, listener, now)
         self._next_conn_id += 1
         self.connections[conn.id] = conn
         self.stats.connections_total += 1
-        self.timers.at(now + self.settings.connect_timeout, self._connect_timer, conn)
+        self.timers.at(
+            now + self.settings.connect_timeout, self._connect_timer, (conn, conn.generation)
+        )
         return conn
 
     def data_received(self, conn: Connection, data: bytes, now: float) -> None:
@@ -123,15 +158,25 @@ class Broker:
         if conn.state >= State.CLOSING:
             return
         reader = conn.reader
-        reader.receive_data(data)
+        framer = reader.framer
+        framer.feed(data)
         handlers = self._handlers
+        stats = self.stats
+        fast_publish = handle_publish.fast_publish
         try:
             while True:
-                packet = reader.next_packet()
-                if packet is NEED_DATA:
+                span = framer.next_span()
+                if isinstance(span, NeedData):
                     return
+                first, frame_start, start, end = span
                 conn.last_rx = now
-                self.stats.messages_received += 1
+                stats.messages_received += 1
+                if first & 0xF0 == 0x30 and conn.state is State.CONNECTED:
+                    fast_publish(self, conn, first, framer.buffer, frame_start, start, end, now)
+                    if conn.state >= State.CLOSING:
+                        return
+                    continue
+                packet = decode(first, framer.buffer[start:end], reader.version)
                 if conn.state is State.NEW and type(packet) is not Connect:
                     # MQTT-3.1.0-1: the first packet must be CONNECT.
                     self.close(conn, now, "first packet was not CONNECT")
@@ -160,12 +205,22 @@ class Broker:
             )
         self._detach(conn, now)
         conn.state = State.CLOSED
+        conn.handle = None
         self.connections.pop(conn.id, None)
+        if conn.overflow:
+            self._overflow -= 1
+        else:
+            self._free.append(conn)  # the slot goes back to the pool
 
     def set_writable(self, conn: Connection, writable: bool, now: float) -> None:
         """Flow control from the transport: pause (False) or resume (True) writing."""
         conn.writable = writable
-        if writable and conn.session is not None and conn.state is State.CONNECTED:
+        if not writable:
+            conn.paused_at = now
+            timeout = self.settings.slow_consumer_timeout
+            if timeout > 0:
+                self.timers.at(now + timeout, self._stuck_timer, (conn, conn.generation, now))
+        elif conn.session is not None and conn.state is State.CONNECTED:
             self.pump(conn.session, now)
 
     def next_deadline(self) -> float | None:
@@ -361,8 +416,9 @@ class Broker:
 
     # ================================================================== timers
 
-    def _connect_timer(self, conn: Connection, now: float) -> None:
-        if conn.state is State.NEW:
+    def _connect_timer(self, arg: tuple[Connection, int], now: float) -> None:
+        conn, generation = arg
+        if conn.generation == generation and conn.state is State.NEW:
             log.info(
                 "closing %s: no CONNECT within %g s", conn.label, self.settings.connect_timeout
             )
@@ -370,10 +426,15 @@ class Broker:
 
     def schedule_keepalive(self, conn: Connection, now: float) -> None:
         if conn.keep_alive:
-            self.timers.at(now + conn.keep_alive * 1.5, self._keepalive_timer, conn)
+            self.timers.at(
+                now + conn.keep_alive * 1.5, self._keepalive_timer, (conn, conn.generation)
+            )
 
-    def _keepalive_timer(self, conn: Connection, now: float) -> None:
-        if conn.state is not State.CONNECTED or not conn.keep_alive:
+    def _keepalive_timer(self, arg: tuple[Connection, int], now: float) -> None:
+        conn, generation = arg
+        if conn.generation != generation or conn.state is not State.CONNECTED:
+            return
+        if not conn.keep_alive:
             return
         due = conn.last_rx + conn.keep_alive * 1.5
         if now >= due:
@@ -385,7 +446,23 @@ class Broker:
                 now,
             )
         else:
-            self.timers.at(due, self._keepalive_timer, conn)
+            self.timers.at(due, self._keepalive_timer, arg)
+
+    def _stuck_timer(self, arg: tuple[Connection, int, float], now: float) -> None:
+        """Slow-consumer deadline: a client that has not read for this long is cut off."""
+        conn, generation, paused_at = arg
+        if conn.generation != generation or conn.writable or conn.paused_at != paused_at:
+            return
+        if conn.state >= State.CLOSING:
+            return
+        log.warning(
+            "closing %s: slow consumer, not reading for %g s (%d QoS 0 messages dropped)",
+            conn.label,
+            now - paused_at,
+            conn.dropped,
+        )
+        conn.abort = True  # its buffers are full: do not wait to flush them
+        self.close(conn, now, "slow consumer")
 
     def _will_timer(self, session: Session, now: float) -> None:
         due = session.will_due
@@ -548,10 +625,26 @@ class Broker:
                 conn.dropped += 1
                 self.stats.dropped_slow_consumer += 1
                 return
-            parts = self._encode_for(conn, msg, 0, retain, sub_ids, False, now)
-            if parts is not None:
-                self.send_bytes(conn, parts[0])
-                self.stats.publish_sent += 1
+            data = msg.raw
+            if (
+                data is None
+                or retain
+                or sub_ids
+                or conn.version != msg.raw_version
+                or conn.peer_alias_max
+            ):
+                parts = self._encode_for(conn, msg, 0, retain, sub_ids, False, now)
+                if parts is None:
+                    return
+                data = parts[0]
+            conn.out.append(data)
+            conn.out_bytes += len(data)
+            if not conn.in_dirty:
+                conn.in_dirty = True
+                self.dirty.append(conn)
+            stats = self.stats
+            stats.publish_sent += 1
+            stats.messages_sent += 1
             return
         entry = Outgoing(msg, qos, retain, sub_ids, share)
         if (

@@ -29,6 +29,15 @@ def handle_connect(broker: Broker, conn: Connection, packet: Connect, now: float
     version = packet.protocol_version
     conn.version = version
     conn.reader.version = version
+    if conn.overflow:
+        # Beyond the pool: told in the client's own version (v5 0x97, 3.1.1 3).
+        broker.refuse_connect(
+            conn,
+            ReasonCode.QUOTA_EXCEEDED,
+            f"connection limit of {settings.max_connections} reached",
+            now,
+        )
+        return
     props = packet.properties
     client_id = packet.client_id
     conn.client_id = client_id
@@ -93,17 +102,8 @@ def handle_connect(broker: Broker, conn: Connection, packet: Connect, now: float
         broker.refuse_connect(conn, ReasonCode.SERVER_UNAVAILABLE, "server shutting down", now)
         return
 
-    # -- connection limit (the pool of connection slots)
     existing = broker.sessions.get(client_id)
     takeover = existing is not None and existing.conn is not None
-    if not takeover and broker.connected >= settings.max_connections:
-        broker.refuse_connect(
-            conn,
-            ReasonCode.QUOTA_EXCEEDED,
-            f"connection limit of {settings.max_connections} reached",
-            now,
-        )
-        return
 
     # -- negotiated limits
     if version == MQTT_5:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from gateway.broker.connection import Connection
 from gateway.broker.message import Message
 from gateway.broker.session import AWAIT_COMP
+from gateway.mqtt.codec import decode
 from gateway.mqtt.packets import MQTT_5, PubAck, PubComp, Publish, PubRec, PubRel
 from gateway.mqtt.properties import EMPTY
 from gateway.mqtt.reason_codes import ReasonCode
@@ -27,6 +28,76 @@ def _ack(first_byte: int, pid: int, code: int, version: int) -> bytes:
     if code == 0 or version != MQTT_5:
         return bytes((first_byte, 2)) + pid.to_bytes(2, "big")
     return bytes((first_byte, 3)) + pid.to_bytes(2, "big") + bytes((code,))
+
+
+def fast_publish(
+    broker: Broker,
+    conn: Connection,
+    first: int,
+    buf: bytes | bytearray,
+    frame_start: int,
+    start: int,
+    end: int,
+    now: float,
+) -> None:
+    """PUBLISH straight from the receive buffer, without building a packet value.
+
+    Handles the common case -- QoS 0 or 1, no retain, no properties, an ordinary
+    topic -- with exactly the checks ``handle_publish`` would make; anything else is
+    decoded in full and handed to ``handle_publish``.
+    """
+    qos = (first >> 1) & 0x03
+    version = conn.version
+    if qos < 2 and not first & 0x09 and end - start > 2:  # 0x09: DUP and RETAIN
+        size = (buf[start] << 8) | buf[start + 1]
+        topic_end = start + 2 + size
+        pos = topic_end + 2 if qos else topic_end
+        if version == MQTT_5:
+            if pos < end and buf[pos] == 0:
+                pos += 1  # property length 0
+            else:
+                pos = end + 1  # properties (or a short packet): the general path
+        if size and pos <= end and buf[start + 2] != 0x24:  # 0x24: a '$' topic
+            pid = (buf[topic_end] << 8) | buf[topic_end + 1] if qos else 0
+            if pid or not qos:
+                try:
+                    topic = str(buf[start + 2 : topic_end], "utf-8")
+                except UnicodeDecodeError:
+                    topic = ""
+                if topic and "+" not in topic and "#" not in topic and "\x00" not in topic:
+                    _publish_plain(broker, conn, buf, frame_start, pos, end, topic, qos, pid, now)
+                    return
+    packet = decode(first, buf[start:end], version)
+    assert isinstance(packet, Publish)
+    handle_publish(broker, conn, packet, now)
+
+
+def _publish_plain(
+    broker: Broker,
+    conn: Connection,
+    buf: bytes | bytearray,
+    frame_start: int,
+    pos: int,
+    end: int,
+    topic: str,
+    qos: int,
+    pid: int,
+    now: float,
+) -> None:
+    """Route a PUBLISH without retain, properties or ``$`` topic, and acknowledge it."""
+    payload = buf[pos:end]
+    if type(payload) is not bytes:
+        payload = bytes(payload)
+    msg = Message(topic, payload, qos, False, origin=conn.client_id, created=now)
+    if not qos:
+        raw = buf[frame_start:end]
+        msg.raw = raw if type(raw) is bytes else bytes(raw)
+        msg.raw_version = conn.version
+    broker.stats.publish_received += 1
+    delivered = broker.publish(msg, now)
+    if qos:
+        code = ReasonCode.SUCCESS if delivered else ReasonCode.NO_MATCHING_SUBSCRIBERS
+        broker.send_bytes(conn, _ack(0x40, pid, code, conn.version))
 
 
 def handle_publish(broker: Broker, conn: Connection, packet: Publish, now: float) -> None:

@@ -35,6 +35,8 @@ class Message:
         "payload",
         "properties",
         "qos",
+        "raw",
+        "raw_version",
         "retain",
         "topic",
     )
@@ -67,6 +69,10 @@ class Message:
         self.expires_at = expires_at
         self.origin = origin
         self.created = created
+        #: The received QoS 0 PUBLISH frame, when it is byte for byte what a subscriber
+        #: of protocol ``raw_version`` gets (no retain, no properties): forwarded as is.
+        self.raw: bytes | None = None
+        self.raw_version = 0
         self._topic_bytes: bytes | None = None
         self._props_body: bytes | None = None
         self._cache: dict[tuple[int, int, bool, int, bool], tuple[bytes, bytes]] | None = None

@@ -41,4 +41,5 @@ class BrokerSettings:
     sys_interval: float = 10.0
     response_information_prefix: str = "response/"
     max_outbound_bytes: int = 1024 * 1024
+    slow_consumer_timeout: float = 60.0
     route_cache_size: int = 4096

@@ -46,6 +46,11 @@ class Framer:
         self._pos = 0
         self.max_packet_size = max_packet_size
 
+    def reset(self) -> None:
+        """Forget everything buffered (the connection is being reused)."""
+        self._buf = b""
+        self._pos = 0
+
     @property
     def buffered(self) -> int:
         """Bytes received but not yet returned as a frame."""
@@ -66,41 +71,61 @@ class Framer:
             buf += data
         self._pos = 0
 
-    def next_frame(self) -> tuple[int, bytes | bytearray] | NeedData:
+    @property
+    def buffer(self) -> bytes | bytearray:
+        """The bytes ``next_span`` offsets point into (valid until the next ``feed``)."""
+        return self._buf
+
+    def next_span(self) -> tuple[int, int, int, int] | NeedData:
+        """``(first_byte, frame_start, body_start, end)`` of the next whole packet in
+        ``buffer``, or ``NEED_DATA``."""
         buf = self._buf
         pos = self._pos
-        avail = len(buf) - pos
-        if avail < 2:
+        size = len(buf)
+        if size - pos < 2:
             return NEED_DATA
-        # Remaining length: a variable byte integer of at most four bytes (section 1.5.5,
-        # 2.1.4), in the minimum number of bytes (MQTT-1.5.5-1).
-        length = 0
-        shift = 0
-        i = pos + 1
-        while True:
-            if i >= len(buf):
-                return NEED_DATA
-            byte = buf[i]
-            i += 1
-            length |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                if byte == 0 and shift:
-                    # A last byte of 0 after a continuation byte is an overlong encoding.
-                    raise MalformedPacket("remaining length not in its minimal encoding")
-                break
-            shift += 7
-            if shift >= 28:
-                raise MalformedPacket("remaining length longer than four bytes")
-        total = (i - pos) + length
-        if total > self.max_packet_size:
+        byte = buf[pos + 1]
+        if byte < 0x80:  # the common case: a one-byte remaining length
+            start = pos + 2
+            end = start + byte
+        else:
+            # Remaining length: a variable byte integer of at most four bytes (section
+            # 1.5.5, 2.1.4), in the minimum number of bytes (MQTT-1.5.5-1).
+            length = 0
+            shift = 0
+            start = pos + 1
+            while True:
+                if start >= size:
+                    return NEED_DATA
+                byte = buf[start]
+                start += 1
+                length |= (byte & 0x7F) << shift
+                if not byte & 0x80:
+                    if byte == 0 and shift:
+                        # A last byte of 0 after a continuation byte is an overlong encoding.
+                        raise MalformedPacket("remaining length not in its minimal encoding")
+                    break
+                shift += 7
+                if shift >= 28:
+                    raise MalformedPacket("remaining length longer than four bytes")
+            end = start + length
+        if end - pos > self.max_packet_size:
             raise PacketTooLarge(
-                f"packet of {total} bytes exceeds the maximum packet size {self.max_packet_size}"
+                f"packet of {end - pos} bytes exceeds the maximum packet size "
+                f"{self.max_packet_size}"
             )
-        end = i + length
-        if end > len(buf):
+        if end > size:
             return NEED_DATA
         self._pos = end
-        return buf[pos], buf[i:end]
+        return buf[pos], pos, start, end
+
+    def next_frame(self) -> tuple[int, bytes | bytearray] | NeedData:
+        """``(first_byte, body)`` of the next whole packet, or ``NEED_DATA``."""
+        span = self.next_span()
+        if isinstance(span, NeedData):
+            return span
+        first, _pos, start, end = span
+        return first, self._buf[start:end]
 
 
 class PacketReader:
@@ -112,13 +137,16 @@ class PacketReader:
         self.framer = Framer(max_packet_size)
         self.version = version
 
+    def reset(self, version: int = 4) -> None:
+        self.framer.reset()
+        self.version = version
+
     def receive_data(self, data: bytes) -> None:
         self.framer.feed(data)
 
     def next_packet(self) -> Packet | NeedData:
         framed = self.framer.next_frame()
-        if framed is NEED_DATA:
-            return NEED_DATA
-        assert isinstance(framed, tuple)
+        if isinstance(framed, NeedData):
+            return framed
         first, body = framed
         return decode(first, body, self.version)

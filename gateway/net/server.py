@@ -57,7 +57,8 @@ class MQTTProtocol(asyncio.Protocol):
             return
         if transport.can_write_eof():
             transport.write_eof()
-            self._linger = self.server.loop.call_later(LINGER_SECONDS, transport.close)
+            # If the peer never reads, its data will not flush: give up after the linger.
+            self._linger = self.server.loop.call_later(LINGER_SECONDS, transport.abort)
         else:
             transport.close()
 
@@ -71,6 +72,9 @@ class MQTTProtocol(asyncio.Protocol):
         limit = server.broker.settings.max_outbound_bytes
         transport.set_write_buffer_limits(high=limit, low=limit // 4)
         conn = server.broker.open_connection(peer_text, self.listener, server.loop.time())
+        if conn is None:
+            transport.abort()  # beyond the pool and its refusal slots
+            return
         conn.handle = self
         self.conn = conn
         server.protocols.add(self)
@@ -93,9 +97,9 @@ class MQTTProtocol(asyncio.Protocol):
         server = self.server
         server.protocols.discard(self)
         conn = self.conn
+        self.conn = None
         if conn is not None:
             server.broker.connection_lost(conn, server.loop.time())
-            conn.handle = None
         self.transport = None
         server.after_event()
         if not server.protocols:
@@ -177,7 +181,10 @@ class Server:
                     transport.write(data)
                     sent += len(data)
             if conn.state is State.CLOSING and isinstance(proto, MQTTProtocol):
-                proto.finish()
+                if conn.abort:
+                    transport.abort()
+                else:
+                    proto.finish()
         broker.stats.bytes_sent += sent
         if broker.dirty:
             self._flush_scheduled = True

@@ -65,7 +65,9 @@ class FakeClient:
     def __init__(self, harness: Harness, version: int) -> None:
         self.h = harness
         self.version = version
-        self.conn = harness.broker.open_connection("127.0.0.1:9", "test", harness.now)
+        conn = harness.broker.open_connection("127.0.0.1:9", "test", harness.now)
+        assert conn is not None, "no free connection slot"
+        self.conn = conn
         self.reader = PacketReader(version=version)
         self.inbox: list[Packet] = []
         self._next_pid = 1
