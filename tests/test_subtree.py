@@ -38,7 +38,11 @@ def topic_matching(draw: st.DrawFn, flt: str) -> str:
     out: list[str] = []
     for i, lv in enumerate(flt.split("/")):
         if lv == "#":
-            out.extend(draw(st.lists(st.sampled_from(["a", "b", "x"]), max_size=3)))
+            # "a/#" also matches "a"; but a topic is never empty, so "/#" needs a level
+            at_least = 0 if "/".join(out) else 1
+            out.extend(
+                draw(st.lists(st.sampled_from(["a", "b", "x"]), min_size=at_least, max_size=3))
+            )
             break
         if lv == "+":
             choices = ["a", "b", "", "x"] if i else ["a", "b", "x"]
@@ -46,7 +50,8 @@ def topic_matching(draw: st.DrawFn, flt: str) -> str:
         else:
             out.append(lv)
     text = "/".join(out)
-    return text or "a"
+    assert text, flt
+    return text
 
 
 values = st.frozensets(st.integers(0, 5), min_size=1, max_size=3)
