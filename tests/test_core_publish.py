@@ -390,3 +390,13 @@ def test_mixed_versions_on_one_topic() -> None:
     got = new.publishes()
     assert [(p.payload, p.qos) for p in got] == [(b"from five", 2), (b"from three", 1)]
     assert got[0].properties.user_properties == (("k", "v"),)
+
+
+def test_message_forwarded_at_once_keeps_its_exact_expiry_interval() -> None:
+    """No float rounding: at any clock value a 3600 s interval is forwarded as 3600."""
+    h = Harness()
+    h.now = 1_234_567.1
+    sub, pub = pair(h, qos=1)
+    pub.publish("t/e", b"x", 1, message_expiry_interval=3600)
+    [msg] = sub.publishes()
+    assert msg.properties.message_expiry_interval == 3600

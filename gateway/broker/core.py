@@ -407,7 +407,7 @@ class Broker:
             will.qos,
             will.retain,
             props if props else EMPTY,
-            expires_at=None if expiry is None else now + expiry,
+            expiry_interval=expiry,
             origin=client_id,
             created=now,
         )
@@ -723,7 +723,7 @@ class Broker:
         """The packet parts for ``conn``, or None when it must not be sent (counted)."""
         expiry: int | None = None
         if msg.expires_at is not None:
-            if now > msg.expires_at:
+            if msg.expired(now):
                 self.stats.dropped_expired += 1
                 return None
             expiry = msg.expiry_remaining(now)
@@ -788,7 +788,7 @@ class Broker:
                 continue
             msg = entry.message
             parts = self._encode_for(conn, msg, entry.qos, entry.retain, entry.sub_ids, True, now)
-            if parts is None and not (msg.expires_at is not None and now > msg.expires_at):
+            if parts is None and not msg.expired(now):
                 del session.inflight[pid]
                 continue
             if parts is None:
@@ -820,7 +820,7 @@ class Broker:
             qos,
             retain,
             properties,
-            expires_at=None if expiry is None else now + expiry,
+            expiry_interval=expiry,
             origin=origin,
             created=now,
         )

@@ -200,7 +200,7 @@ def _route(broker: Broker, conn: Connection, packet: Publish, topic: str, now: f
         qos,
         packet.retain,
         props,
-        expires_at=None if expiry is None else now + expiry,
+        expiry_interval=expiry,
         origin=conn.client_id,
         created=now,
     )

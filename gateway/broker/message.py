@@ -7,7 +7,6 @@ the bytes; the 2-byte packet identifier is the only per-recipient part.
 
 from __future__ import annotations
 
-import math
 from typing import Final
 
 from gateway.mqtt.packets import MQTT_5
@@ -31,6 +30,7 @@ class Message:
         "_topic_bytes",
         "created",
         "expires_at",
+        "expiry_interval",
         "origin",
         "payload",
         "properties",
@@ -49,7 +49,7 @@ class Message:
         retain: bool = False,
         properties: Properties = EMPTY,
         *,
-        expires_at: float | None = None,
+        expiry_interval: int | None = None,
         origin: str | None = None,
         created: float = 0.0,
     ) -> None:
@@ -66,7 +66,9 @@ class Message:
             if not properties:
                 properties = EMPTY
         self.properties = properties
-        self.expires_at = expires_at
+        #: Message Expiry Interval as published (seconds), counted from ``created``.
+        self.expiry_interval = expiry_interval
+        self.expires_at = None if expiry_interval is None else created + expiry_interval
         self.origin = origin
         self.created = created
         #: The received QoS 0 PUBLISH frame, when it is byte for byte what a subscriber
@@ -89,13 +91,14 @@ class Message:
         return len(self.topic) + len(self.payload)
 
     def expired(self, now: float) -> bool:
-        return self.expires_at is not None and now >= self.expires_at
+        return self.expires_at is not None and now > self.expires_at
 
     def expiry_remaining(self, now: float) -> int | None:
         """Seconds left for the Message Expiry Interval sent onward (MQTT-3.3.2-6)."""
-        if self.expires_at is None:
+        if self.expiry_interval is None:
             return None
-        return max(0, math.ceil(self.expires_at - now))
+        # Whole seconds waited, so a message forwarded at once keeps its interval.
+        return max(0, self.expiry_interval - int(now - self.created))
 
     def topic_bytes(self) -> bytes:
         tb = self._topic_bytes
