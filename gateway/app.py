@@ -1,4 +1,10 @@
-"""Composition root: config -> core -> listeners, signals, reload, shutdown."""
+"""Composition root: validated config -> core -> listeners, signals, reload, shutdown.
+
+``ledge run`` validates the config (pydantic, in ``gateway.cli``) and then replaces
+itself with ``python -m gateway.app``, which reads the validated config from the
+environment. This module never imports pydantic, so the long-running process
+carries none of the validator's memory.
+"""
 
 from __future__ import annotations
 
@@ -9,17 +15,19 @@ import signal
 import sys
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 
 from gateway import __version__
-from gateway.broker.auth import PasswordAuthenticator, PasswordFileError, parse_password_file
+from gateway.broker.auth import Authenticator
 from gateway.broker.core import Broker
-from gateway.config import BrokerConfig, Config, ConfigError, load_config, reloadable_fields
 from gateway.net.server import ListenerSpec, Server
+from gateway.runtime import RUNTIME_ENV, ConfigError, RuntimeConfig, build_authenticator
 
 log = logging.getLogger("ledge")
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+#: A reload validates the file in a child process; it must answer within this time.
+RELOAD_TIMEOUT = 60.0
 
 
 def setup_logging(level: str) -> None:
@@ -31,33 +39,27 @@ def setup_logging(level: str) -> None:
     root.setLevel(level.upper())
 
 
-def build_authenticator(config: Config) -> PasswordAuthenticator:
-    users = None
-    path = config.auth.password_file
-    if path is not None:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(
-                str(path), [f"auth.password_file: cannot read: {exc.strerror or exc}"]
-            ) from None
-        try:
-            users = parse_password_file(text)
-        except PasswordFileError as exc:
-            raise ConfigError(str(path), [f"auth.password_file: {exc}"]) from None
-    return PasswordAuthenticator(config.auth.allow_anonymous, users)
+def release_free_memory() -> None:
+    """Hand memory freed during start-up (import-time compilation, config parsing)
+    back to the OS: glibc keeps it otherwise, and on a small device it is RSS."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
 
 
 class Gateway:
     """The running gateway: one broker, its listeners, and (later) drivers and bridges."""
 
-    def __init__(self, config: Config, config_path: Path | None = None) -> None:
+    def __init__(self, config: RuntimeConfig) -> None:
         self.config = config
-        self.config_path = config_path
         self.broker: Broker | None = None
         self.server: Server | None = None
         self.addresses: list[tuple[str, int]] = []
         self._stop = asyncio.Event()
+        self._reloading: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -65,8 +67,8 @@ class Gateway:
         if config.data_dir is not None:
             os.makedirs(config.data_dir, exist_ok=True)
         self.broker = Broker(
-            config.broker_settings(),
-            build_authenticator(config),
+            config.broker,
+            build_authenticator(config.allow_anonymous, config.password_file),
             version=f"ledge {__version__}",
             now=loop.time(),
         )
@@ -79,9 +81,10 @@ class Gateway:
                 await self.server.close(0)
                 where = f"{listener.host}:{listener.port}"
                 raise ConfigError(
-                    str(self.config_path or "<command line>"),
+                    config.config_path or "<command line>",
                     [f"listeners[{i}]: cannot listen on {where}: {exc.strerror}"],
                 ) from None
+        release_free_memory()
         log.info(
             "ledge %s started (pid %d, event loop %s)",
             __version__,
@@ -100,47 +103,86 @@ class Gateway:
             log.info("shutting down")
             await self.server.close()
 
+    # ------------------------------------------------------------------ reload
+
     def reload(self) -> None:
         """SIGHUP: re-read the config file and apply what can change while running."""
-        if self.config_path is None or self.broker is None:
+        if self.config.config_path is None:
             log.info("SIGHUP ignored: running on the embedded default config")
             return
-        try:
-            new = load_config(self.config_path)
-            auth = build_authenticator(new)
-        except ConfigError as exc:
-            log.error("reload failed, keeping the running config:\n%s", exc)
+        if self._reloading is not None and not self._reloading.done():
+            log.info("SIGHUP ignored: a reload is already running")
             return
-        current = self.broker.settings
-        fresh = new.broker_settings()
-        changes = {
-            name: getattr(fresh, name)
-            for name, reload in reloadable_fields(BrokerConfig).items()
-            if reload and getattr(fresh, name) != getattr(current, name)
+        self._reloading = asyncio.get_running_loop().create_task(self._reload())
+
+    async def _reload(self) -> None:
+        path = self.config.config_path
+        assert path is not None
+        cmd = [
+            sys.executable,
+            "-m",
+            "gateway",
+            "check-config",
+            path,
+            "--print-runtime",
+            *self.config.override_args,
+        ]
+        proc = await asyncio.create_subprocess_exec(
+            *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        try:
+            async with asyncio.timeout(RELOAD_TIMEOUT):
+                out, err = await proc.communicate()
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            log.error("reload failed, keeping the running config: validation timed out")
+            return
+        if proc.returncode != 0:
+            log.error(
+                "reload failed, keeping the running config:\n%s", err.decode(errors="replace")
+            )
+            return
+        try:
+            new = RuntimeConfig.from_json(out.decode())
+            auth = build_authenticator(new.allow_anonymous, new.password_file)
+        except (ValueError, KeyError, ConfigError) as exc:
+            log.error("reload failed, keeping the running config: %s", exc)
+            return
+        self.apply(new, auth)
+
+    def apply(self, new: RuntimeConfig, auth: Authenticator) -> None:
+        """Take the reloadable parts of ``new``; say what needs a restart."""
+        broker = self.broker
+        assert broker is not None
+        current = broker.settings
+        changed = {
+            name: getattr(new.broker, name)
+            for name in new.reloadable
+            if getattr(new.broker, name) != getattr(current, name)
         }
-        self.broker.settings = replace(current, **changes)
-        self.broker.authenticator = auth
-        setup_logging(new.log.level)
         ignored = [
             name
-            for name, reload in reloadable_fields(BrokerConfig).items()
-            if not reload and getattr(fresh, name) != getattr(current, name)
+            for name in current.__dataclass_fields__
+            if name not in new.reloadable and getattr(new.broker, name) != getattr(current, name)
         ]
         if new.listeners != self.config.listeners:
             ignored.append("listeners")
+        broker.settings = replace(current, **changed)
+        broker.authenticator = auth
+        setup_logging(new.log_level)
+        self.config = replace(new, listeners=self.config.listeners, broker=broker.settings)
         log.info(
             "config reloaded from %s: %s%s",
-            self.config_path,
-            ", ".join(sorted(changes)) or "no broker changes",
+            new.config_path,
+            ", ".join(sorted(changed)) or "no broker changes",
             f" (restart needed for: {', '.join(ignored)})" if ignored else "",
         )
 
 
-async def run(
-    config: Config, config_path: Path | None = None, ready: Callable[[Gateway], None] | None = None
-) -> int:
+async def run(config: RuntimeConfig, ready: Callable[[Gateway], None] | None = None) -> int:
     """Run until SIGTERM/SIGINT; returns the process exit code."""
-    gateway = Gateway(config, config_path)
+    gateway = Gateway(config)
     loop = asyncio.get_running_loop()
     await gateway.start()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -158,7 +200,7 @@ async def run(
     return 0
 
 
-def run_forever(config: Config, config_path: Path | None = None) -> int:
+def run_forever(config: RuntimeConfig) -> int:
     """Start the event loop (uvloop when installed) and run the gateway."""
     try:
         import uvloop
@@ -167,4 +209,23 @@ def run_forever(config: Config, config_path: Path | None = None) -> int:
     except ImportError:  # pragma: no cover - uvloop is optional
         loop_factory = None
     with asyncio.Runner(loop_factory=loop_factory) as runner:
-        return runner.run(run(config, config_path))
+        return runner.run(run(config))
+
+
+def main() -> int:
+    """``python -m gateway.app``: the gateway process ``ledge run`` execs into."""
+    text = os.environ.pop(RUNTIME_ENV, None)
+    if text is None:
+        print("gateway.app is started by `ledge run`", file=sys.stderr)
+        return 2
+    config = RuntimeConfig.from_json(text)
+    setup_logging(config.log_level)
+    try:
+        return run_forever(config)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

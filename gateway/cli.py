@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from gateway import __version__
-from gateway.config import Config, ConfigError, Overrides, load_config, parse_listen
+from gateway.config import Config, Overrides, load_config, parse_listen
+from gateway.runtime import RUNTIME_ENV, ConfigError, build_authenticator
 
 EXIT_OK = 0
 EXIT_CONFIG = 2
@@ -19,6 +21,25 @@ def _listen_arg(text: str) -> tuple[str, int]:
         return parse_listen(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_override_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--listen",
+        type=_listen_arg,
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="listen here instead of the configured listeners (repeatable; port 0 = any free)",
+    )
+    parser.add_argument(
+        "--data-dir", type=Path, metavar="DIR", help="directory for persistent state"
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help="log verbosity (default: the config's log.level, info)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,20 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Flags override the file. SIGTERM/SIGINT stop it cleanly; SIGHUP reloads the file.",
     )
     run.add_argument("-c", "--config", type=Path, metavar="FILE", help="TOML config file")
-    run.add_argument(
-        "--listen",
-        type=_listen_arg,
-        action="append",
-        default=[],
-        metavar="HOST:PORT",
-        help="listen here instead of the configured listeners (repeatable; port 0 = any free)",
-    )
-    run.add_argument("--data-dir", type=Path, metavar="DIR", help="directory for persistent state")
-    run.add_argument(
-        "--log-level",
-        choices=["debug", "info", "warning", "error"],
-        help="log verbosity (default: the config's log.level, info)",
-    )
+    _add_override_flags(run)
 
     check = commands.add_parser(
         "check-config",
@@ -60,11 +68,18 @@ def build_parser() -> argparse.ArgumentParser:
         "with its key path and line and exit 2.",
     )
     check.add_argument("file", type=Path, metavar="FILE")
+    _add_override_flags(check)
+    # Used by a running gateway on SIGHUP: print the validated config as JSON.
+    check.add_argument("--print-runtime", action="store_true", help=argparse.SUPPRESS)
     return parser
 
 
-def _load(path: Path | None) -> Config:
-    return Config() if path is None else load_config(path)
+def _validated(path: Path | None, args: argparse.Namespace) -> tuple[Config, Overrides]:
+    config = Config() if path is None else load_config(path)
+    overrides = Overrides(tuple(args.listen), args.data_dir, args.log_level)
+    config = overrides.apply(config)
+    build_authenticator(config.auth.allow_anonymous, config.auth.password_file)
+    return config, overrides
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -73,39 +88,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_OK
+    path: Path | None = args.file if args.command == "check-config" else args.config
+    try:
+        config, overrides = _validated(path, args)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_CONFIG
+    runtime = config.to_runtime(path, overrides)
     if args.command == "check-config":
-        try:
-            config = load_config(args.file)
-        except ConfigError as exc:
-            print(exc, file=sys.stderr)
-            return EXIT_CONFIG
-        from gateway.app import build_authenticator
-
-        try:
-            build_authenticator(config)
-        except ConfigError as exc:
-            print(exc, file=sys.stderr)
-            return EXIT_CONFIG
-        listeners = ", ".join(f"{lc.host}:{lc.port}" for lc in config.listeners)
-        print(f"{args.file}: OK ({len(config.listeners)} listener(s): {listeners})")
+        if args.print_runtime:
+            print(runtime.to_json())
+        else:
+            listeners = ", ".join(f"{lc.host}:{lc.port}" for lc in config.listeners)
+            print(f"{args.file}: OK ({len(config.listeners)} listener(s): {listeners})")
         return EXIT_OK
-    # run
-    try:
-        config = _load(args.config)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return EXIT_CONFIG
-    config = Overrides(tuple(args.listen), args.data_dir, args.log_level).apply(config)
-    from gateway.app import run_forever, setup_logging
-
-    setup_logging(config.log.level)
-    try:
-        return run_forever(config, args.config)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return EXIT_CONFIG
-    except KeyboardInterrupt:  # pragma: no cover - signal handlers normally catch it
-        return EXIT_OK
+    # run: become the gateway process, leaving the validator's memory behind.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    env = dict(os.environ)
+    env[RUNTIME_ENV] = runtime.to_json()
+    os.execve(sys.executable, [sys.executable, "-m", "gateway.app"], env)
+    return EXIT_OK  # pragma: no cover - execve does not return
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -19,6 +19,7 @@ from gateway.broker.settings import NEVER_EXPIRES, BrokerSettings
 from gateway.mqtt.reason_codes import ReasonCode
 from gateway.mqtt.topics import filter_error
 from gateway.mqtt.wire import VARINT_MAX
+from gateway.runtime import ConfigError, ListenerSettings, RuntimeConfig
 
 
 def _reload(yes: bool) -> dict[str, Any]:
@@ -112,6 +113,22 @@ class Config(_Model):
     auth: AuthConfig = Field(default_factory=AuthConfig)
     log: LogConfig = Field(default_factory=LogConfig)
 
+    def to_runtime(
+        self, path: Path | None = None, overrides: Overrides | None = None
+    ) -> RuntimeConfig:
+        """The validated config as plain data for the gateway process."""
+        return RuntimeConfig(
+            listeners=tuple(ListenerSettings(lc.host, lc.port, lc.name) for lc in self.listeners),
+            broker=self.broker_settings(),
+            allow_anonymous=self.auth.allow_anonymous,
+            password_file=None if self.auth.password_file is None else str(self.auth.password_file),
+            log_level=self.log.level,
+            data_dir=None if self.data_dir is None else str(self.data_dir),
+            config_path=None if path is None else str(path),
+            override_args=overrides.args() if overrides is not None else (),
+            reloadable=tuple(name for name, yes in reloadable_fields(BrokerConfig).items() if yes),
+        )
+
     def broker_settings(self) -> BrokerSettings:
         b = self.broker
         values = b.model_dump()
@@ -125,15 +142,6 @@ class Config(_Model):
 
 
 # ----------------------------------------------------------------------- loading
-
-
-class ConfigError(Exception):
-    """A config file that cannot be used; ``str()`` names the file, key path and line."""
-
-    def __init__(self, path: str, problems: list[str]) -> None:
-        super().__init__("\n".join(f"{path}: {p}" for p in problems))
-        self.path = path
-        self.problems = problems
 
 
 def load_config(path: str | Path) -> Config:
@@ -230,6 +238,17 @@ class Overrides:
     listen: tuple[tuple[str, int], ...] = ()
     data_dir: Path | None = None
     log_level: str | None = None
+
+    def args(self) -> tuple[str, ...]:
+        """The flags again, to re-apply after a reload."""
+        out: list[str] = []
+        for host, port in self.listen:
+            out += ["--listen", f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+        if self.data_dir is not None:
+            out += ["--data-dir", str(self.data_dir)]
+        if self.log_level is not None:
+            out += ["--log-level", self.log_level]
+        return tuple(out)
 
     def apply(self, config: Config) -> Config:
         changes: dict[str, Any] = {}

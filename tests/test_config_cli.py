@@ -16,13 +16,13 @@ from gateway.config import (
     AuthConfig,
     BrokerConfig,
     Config,
-    ConfigError,
     ListenerConfig,
     LogConfig,
     parse_config,
     parse_listen,
     reloadable_fields,
 )
+from gateway.runtime import ConfigError, RuntimeConfig
 from tests.support.clients import Paho
 from tests.support.procs import REPO, LedgeProcess
 from tests.support.wait import wait_for
@@ -229,3 +229,20 @@ def test_sighup_with_broken_file_keeps_running_config(tmp_path: Path) -> None:
         c.disconnect()
     finally:
         assert proc.stop() == 0
+
+
+def test_runtime_config_round_trips_through_json() -> None:
+    config = parse_config(EXAMPLE.read_text())
+    runtime = config.to_runtime(EXAMPLE)
+    assert RuntimeConfig.from_json(runtime.to_json()) == runtime
+    assert runtime.broker == config.broker_settings()
+    assert "deny_subscriptions" in runtime.reloadable
+    assert "max_connections" not in runtime.reloadable
+
+
+def test_the_gateway_process_does_not_carry_pydantic(ledge: LedgeProcess) -> None:
+    """``ledge run`` validates, then execs a process that never imports pydantic."""
+    assert ledge.proc is not None
+    maps = Path(f"/proc/{ledge.proc.pid}/maps").read_text()
+    assert "pydantic_core" not in maps
+    assert "gateway.app" in Path(f"/proc/{ledge.proc.pid}/cmdline").read_text()

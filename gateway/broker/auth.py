@@ -9,10 +9,6 @@ read as they are, so users migrate by copying the file:
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
-import hmac
 import os
 from dataclasses import dataclass
 from typing import Protocol
@@ -38,6 +34,11 @@ class PasswordHash:
     iterations: int = 0
 
     def verify(self, password: bytes) -> bool:
+        # Imported here: the hashing libraries cost ~1 MiB of resident memory that a
+        # gateway without a password file does not need.
+        import hashlib
+        import hmac
+
         if self.scheme == "7":
             got = hashlib.pbkdf2_hmac(
                 "sha512", password, self.salt, self.iterations, len(self.digest)
@@ -47,6 +48,8 @@ class PasswordHash:
         return hmac.compare_digest(got, self.digest)
 
     def encode(self) -> str:
+        import base64
+
         salt = base64.b64encode(self.salt).decode()
         digest = base64.b64encode(self.digest).decode()
         if self.scheme == "7":
@@ -55,6 +58,8 @@ class PasswordHash:
 
 
 def hash_password(password: str, iterations: int = DEFAULT_ITERATIONS) -> PasswordHash:
+    import hashlib
+
     salt = os.urandom(12)
     digest = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, iterations, 64)
     return PasswordHash("7", salt, digest, iterations)
@@ -67,6 +72,9 @@ class PasswordFileError(ValueError):
 
 
 def parse_hash(text: str) -> PasswordHash:
+    import base64
+    import binascii
+
     parts = text.split("$")
     try:
         if len(parts) == 5 and parts[0] == "" and parts[1] == "7":

@@ -13,7 +13,7 @@ wills and timers.
 from __future__ import annotations
 
 import logging
-import secrets
+import os
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Final
@@ -828,7 +828,7 @@ class Broker:
 
 
 def _random_client_id() -> str:
-    return secrets.token_hex(8)
+    return os.urandom(8).hex()
 
 
 def _strip_problem_details(packet: Packet) -> Packet:

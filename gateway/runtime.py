@@ -1,0 +1,94 @@
+"""The validated configuration as plain data: what the running gateway consumes.
+
+``gateway.config`` validates the TOML file with pydantic and produces a
+``RuntimeConfig``; the long-running process receives it as JSON and never imports
+pydantic, which keeps about 10 MiB of validator out of the gateway's resident
+memory. A SIGHUP reload validates in a short-lived child process the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from gateway.broker.auth import PasswordAuthenticator, PasswordFileError, parse_password_file
+from gateway.broker.settings import BrokerSettings
+
+#: Environment variable carrying the validated config into the gateway process.
+RUNTIME_ENV = "LEDGE_RUNTIME_CONFIG"
+
+
+class ConfigError(Exception):
+    """A config that cannot be used; ``str()`` names the file, key path and line."""
+
+    def __init__(self, path: str, problems: list[str]) -> None:
+        super().__init__("\n".join(f"{path}: {p}" for p in problems))
+        self.path = path
+        self.problems = problems
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerSettings:
+    host: str = "127.0.0.1"
+    port: int = 1883
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeConfig:
+    """Everything the gateway process needs, already validated."""
+
+    listeners: tuple[ListenerSettings, ...]
+    broker: BrokerSettings
+    allow_anonymous: bool = True
+    password_file: str | None = None
+    log_level: str = "info"
+    data_dir: str | None = None
+    #: The file the config came from (None: the embedded default) ...
+    config_path: str | None = None
+    #: ... and the command-line flags that override it, re-applied on reload.
+    override_args: tuple[str, ...] = ()
+    #: Broker settings a SIGHUP may change while running.
+    reloadable: tuple[str, ...] = ()
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> RuntimeConfig:
+        data: dict[str, Any] = json.loads(text)
+        broker = dict(data["broker"])
+        broker["deny_subscriptions"] = tuple(broker["deny_subscriptions"])
+        known = {f.name for f in fields(BrokerSettings)}
+        return cls(
+            listeners=tuple(ListenerSettings(**lc) for lc in data["listeners"]),
+            broker=BrokerSettings(**{k: v for k, v in broker.items() if k in known}),
+            allow_anonymous=data["allow_anonymous"],
+            password_file=data["password_file"],
+            log_level=data["log_level"],
+            data_dir=data["data_dir"],
+            config_path=data["config_path"],
+            override_args=tuple(data["override_args"]),
+            reloadable=tuple(data["reloadable"]),
+        )
+
+
+def build_authenticator(
+    allow_anonymous: bool, password_file: str | Path | None
+) -> PasswordAuthenticator:
+    """The authenticator for a config; reads and checks the password file."""
+    users = None
+    if password_file is not None:
+        try:
+            text = Path(password_file).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(
+                str(password_file), [f"auth.password_file: cannot read: {exc.strerror or exc}"]
+            ) from None
+        try:
+            users = parse_password_file(text)
+        except PasswordFileError as exc:
+            raise ConfigError(str(password_file), [f"auth.password_file: {exc}"]) from None
+    return PasswordAuthenticator(allow_anonymous, users)
