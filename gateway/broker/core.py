@@ -56,6 +56,10 @@ log = logging.getLogger("ledge.broker")
 
 Handler = Callable[["Broker", Connection, Any, float], None]
 
+#: Output waiting on one connection beyond which the shell writes at once instead of
+#: at the end of the loop iteration (coalescing stays; memory and latency stay bounded).
+FLUSH_AT: Final = 65_536
+
 #: Connections beyond ``max_connections`` that may wait at once for their refusal.
 OVERFLOW_SLOTS: Final = 64
 
@@ -88,6 +92,8 @@ class Broker:
         )
         self.timers = Timers()
         self.dirty: list[Connection] = []
+        #: Some connection has more than FLUSH_AT bytes waiting: write now, not later.
+        self.urgent = False
         self.stats = Stats()
         self.shutting_down = False
         self._next_conn_id = 1
@@ -232,6 +238,7 @@ class Broker:
     def take_dirty(self) -> list[Connection]:
         dirty = self.dirty
         self.dirty = []
+        self.urgent = False
         return dirty
 
     def shutdown(self, now: float) -> None:
@@ -251,6 +258,8 @@ class Broker:
         self.stats.messages_sent += 1
         conn.out.append(data)
         conn.out_bytes += len(data)
+        if conn.out_bytes > FLUSH_AT:
+            self.urgent = True
         if not conn.in_dirty:
             conn.in_dirty = True
             self.dirty.append(conn)
@@ -639,6 +648,8 @@ class Broker:
                 data = parts[0]
             conn.out.append(data)
             conn.out_bytes += len(data)
+            if conn.out_bytes > FLUSH_AT:
+                self.urgent = True
             if not conn.in_dirty:
                 conn.in_dirty = True
                 self.dirty.append(conn)
@@ -704,6 +715,8 @@ class Broker:
         out.append(pid.to_bytes(2, "big"))
         out.append(tail)
         conn.out_bytes += len(head) + len(tail) + 2
+        if conn.out_bytes > FLUSH_AT:
+            self.urgent = True
         self.stats.publish_sent += 1
         self.stats.messages_sent += 1
         if not conn.in_dirty:

@@ -145,10 +145,14 @@ class Server:
         return bound
 
     def after_event(self) -> None:
-        """Schedule a flush if the core produced output; arm the timer for its next deadline."""
-        if self.broker.dirty and not self._flush_scheduled:
+        """Write what the core produced -- at once when a lot is waiting, else at the end
+        of this loop iteration -- and arm the timer for the core's next deadline."""
+        broker = self.broker
+        if broker.urgent:
+            self.flush()
+        elif broker.dirty and not self._flush_scheduled:
             self._flush_scheduled = True
-            self.loop.call_soon(self.flush)
+            self.loop.call_soon(self._scheduled_flush)
         deadline = self.broker.next_deadline()
         if deadline is not None and (self._timer is None or deadline < self._timer_at):
             if self._timer is not None:
@@ -161,9 +165,12 @@ class Server:
         self.broker.tick(self.loop.time())
         self.after_event()
 
+    def _scheduled_flush(self) -> None:
+        self._flush_scheduled = False
+        self.flush()
+
     def flush(self) -> None:
         """Write every dirty connection's output in one call; close those closing."""
-        self._flush_scheduled = False
         broker = self.broker
         sent = 0
         for conn in broker.take_dirty():
@@ -186,9 +193,6 @@ class Server:
                 else:
                     proto.finish()
         broker.stats.bytes_sent += sent
-        if broker.dirty:
-            self._flush_scheduled = True
-            self.loop.call_soon(self.flush)
 
     async def close(self, grace: float = 5.0) -> None:
         """Stop listening, tell clients, and wait (bounded) for connections to close."""

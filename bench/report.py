@@ -1,0 +1,229 @@
+"""Medians over rounds, the printed tables and the JSON document."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict
+from typing import Any
+
+from bench.scenarios import SCENARIOS, Outcome
+
+NAMES = {"ledge": "Ledge", "mosquitto": "Mosquitto", "amqtt": "amqtt", "relay": "ceiling"}
+
+
+def _median(values: Iterable[float | int | None]) -> float | None:
+    present = [float(v) for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def summarize(outcomes: Sequence[Outcome]) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{scenario: {broker: medians and counts}}`` over the successful rounds."""
+    grouped: dict[str, dict[str, list[Outcome]]] = {}
+    for o in outcomes:
+        grouped.setdefault(o.scenario, {}).setdefault(o.broker, []).append(o)
+    summary: dict[str, dict[str, dict[str, Any]]] = {}
+    for scenario, by_broker in grouped.items():
+        summary[scenario] = {}
+        for broker, runs in by_broker.items():
+            ok = [r for r in runs if r.ok]
+            entry: dict[str, Any] = {
+                "unit": runs[0].unit or SCENARIOS[scenario].unit,
+                "runs": len(runs),
+                "ok_runs": len(ok),
+                "figure": _median(r.figure for r in ok),
+                "figures": [r.figure for r in ok],
+                "peak_rss_kib": _median(r.peak_rss_kib for r in ok),
+                "idle_rss_kib": _median(r.idle_rss_kib for r in ok),
+                "drops": _median(r.drops for r in ok),
+                "errors": [r.error for r in runs if r.error],
+            }
+            for key in ("p50_ms", "p99_ms", "p999_ms", "kib_per_conn", "accept_ms", "broker_cpu"):
+                value = _median(r.details.get(key) for r in ok)
+                if value is not None:
+                    entry[key] = value
+            summary[scenario][broker] = entry
+    return summary
+
+
+def fmt_rate(v: float | None) -> str:
+    if v is None:
+        return "-"
+    if v >= 1e6:
+        return f"{v / 1e6:.2f}M"
+    if v >= 1e4:
+        return f"{v / 1e3:.0f}k"
+    if v >= 1e3:
+        return f"{v / 1e3:.1f}k"
+    return f"{v:.0f}"
+
+
+def fmt_figure(v: float | None, unit: str) -> str:
+    if v is None:
+        return "-"
+    if unit.endswith("/s"):
+        return fmt_rate(v)
+    if v >= 100:
+        return f"{v:.0f}"
+    if v >= 10:
+        return f"{v:.1f}"
+    return f"{v:.2f}"
+
+
+def fmt_mib(kib: float | None) -> str:
+    return "-" if kib is None else f"{kib / 1024:.1f}M"
+
+
+def fmt_count(v: float | None) -> str:
+    if v is None:
+        return "-"
+    v = round(v)
+    if abs(v) >= 1e6:
+        return f"{v / 1e6:.1f}M"
+    if abs(v) >= 1e4:
+        return f"{v / 1e3:.0f}k"
+    return str(v)
+
+
+def _cell(summary: dict[str, dict[str, Any]], broker: str, key: str) -> Any:
+    entry = summary.get(broker)
+    if entry is None:
+        return None
+    if key == "figure" and entry["ok_runs"] == 0:
+        return None
+    return entry.get(key)
+
+
+def table(summary: dict[str, dict[str, dict[str, Any]]], brokers: Sequence[str]) -> str:
+    """The main table: one row per scenario, medians of the rounds."""
+    head = [
+        "scenario",
+        "unit",
+        "Ledge",
+        "Mosquitto",
+        "amqtt",
+        "ceiling",
+        "Ledge/Mosq",
+        "Ledge RSS",
+        "Mosq RSS",
+        "drops L/M",
+    ]
+    rows = [head]
+    for name, scen in SCENARIOS.items():
+        per = summary.get(name)
+        if not per:
+            continue
+        unit = scen.unit if scen.higher_is_better else f"{scen.unit} (lower)"
+        figs = {b: _cell(per, b, "figure") for b in ("ledge", "mosquitto", "amqtt", "relay")}
+        ratio = "-"
+        lf, mf = figs["ledge"], figs["mosquitto"]
+        if lf is not None and mf:
+            ratio = f"{lf / mf:.2f}x"
+        drops = "-"
+        if name in ("fan-in", "fan-out", "qos1", "filters", "latency", "idle-conns"):
+            drops = (
+                f"{fmt_count(_cell(per, 'ledge', 'drops'))}/"
+                f"{fmt_count(_cell(per, 'mosquitto', 'drops'))}"
+            )
+        amqtt = fmt_figure(figs["amqtt"], scen.unit) if "amqtt" in brokers else "n/a"
+        ceiling = fmt_figure(figs["relay"], scen.unit) if scen.with_relay else "-"
+        if scen.with_relay and "relay" not in brokers:
+            ceiling = "n/a"
+        rows.append(
+            [
+                name,
+                unit,
+                fmt_figure(figs["ledge"], scen.unit),
+                fmt_figure(figs["mosquitto"], scen.unit),
+                amqtt,
+                ceiling,
+                ratio,
+                fmt_mib(_cell(per, "ledge", "peak_rss_kib")),
+                fmt_mib(_cell(per, "mosquitto", "peak_rss_kib")),
+                drops,
+            ]
+        )
+    return _render(rows)
+
+
+def _render(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for n, row in enumerate(rows):
+        cells = [
+            row[i].ljust(widths[i]) if i < 2 else row[i].rjust(widths[i]) for i in range(len(row))
+        ]
+        lines.append("  ".join(cells).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def details(
+    summary: dict[str, dict[str, dict[str, Any]]], brokers: Sequence[str], idle_conns: int
+) -> str:
+    """Latency percentiles, idle RSS, memory per connection and accept time per broker."""
+    order = [b for b in ("ledge", "mosquitto", "amqtt", "relay") if b in brokers]
+    out: list[str] = []
+    lat = summary.get("latency")
+    if lat:
+        rows = [["latency (ms)", "p50", "p99", "p99.9"]]
+        for b in order:
+            e = lat.get(b)
+            if e and e["ok_runs"]:
+                label = "relay (floor)" if b == "relay" else NAMES[b]
+                rows.append(
+                    [label] + [f"{e.get(k, 0.0):.3f}" for k in ("p50_ms", "p99_ms", "p999_ms")]
+                )
+        out.append(_render(rows))
+    conns = summary.get("idle-conns")
+    idle = summary.get("idle-rss")
+    if conns or idle:
+        rows = [["memory / connections", "idle RSS", f"accept {idle_conns:,}", "KiB/conn"]]
+        for b in order:
+            ce = (conns or {}).get(b)
+            ie = (idle or {}).get(b)
+            if not ce and not ie:
+                continue
+            label = "relay (floor)" if b == "relay" else NAMES[b]
+            idle_rss = fmt_mib(ie["figure"] * 1024) if ie and ie["ok_runs"] else "-"
+            accept = f"{ce['accept_ms']:.0f} ms" if ce and "accept_ms" in ce else "-"
+            per = f"{ce['kib_per_conn']:.1f}" if ce and "kib_per_conn" in ce else "-"
+            if b == "relay":
+                per = "-"  # the relay keeps no session state: not comparable
+            rows.append([label, idle_rss, accept, per])
+        out.append(_render(rows))
+    return "\n\n".join(out)
+
+
+def ceiling_check(summary: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    """Whether the relay ceiling is clearly above every broker's throughput figure."""
+    lines = []
+    for name, scen in SCENARIOS.items():
+        per = summary.get(name)
+        if not per or not scen.higher_is_better or "relay" not in per:
+            continue
+        ceiling = _cell(per, "relay", "figure")
+        best = max(
+            (
+                f
+                for b in ("ledge", "mosquitto", "amqtt")
+                if (f := _cell(per, b, "figure")) is not None
+            ),
+            default=None,
+        )
+        if ceiling is None or best is None:
+            continue
+        factor = ceiling / best if best else float("inf")
+        verdict = "ok" if factor >= 1.5 else "NOT clearly above the brokers: figures may be capped"
+        lines.append(
+            f"{name}: ceiling {fmt_rate(ceiling)} {scen.unit} = {factor:.1f}x the best broker "
+            f"({verdict})"
+        )
+    return lines
+
+
+def document(
+    outcomes: Sequence[Outcome], summary: dict[str, Any], meta: dict[str, Any]
+) -> dict[str, Any]:
+    return {"meta": meta, "summary": summary, "runs": [asdict(o) for o in outcomes]}

@@ -1,0 +1,53 @@
+"""The benchmark harness runs end to end: a short fan-in and QoS 1 run on Ledge and Mosquitto."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.procs import REPO, MosquittoProcess
+
+
+@pytest.mark.slow
+def test_bench_quick_run(tmp_path: Path) -> None:
+    if not MosquittoProcess.available():
+        pytest.fail("mosquitto is not installed: run scripts/setup --test")
+    out = tmp_path / "bench.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench",
+        "--quick",
+        "--scenarios",
+        "fan-in,qos1",
+        "--brokers",
+        "ledge,mosquitto",
+        "--rounds",
+        "1",
+        "--duration",
+        "0.5",
+        "--json",
+        str(out),
+    ]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=40, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc: dict[str, Any] = json.loads(out.read_text())
+
+    runs = {(r["scenario"], r["broker"]): r for r in doc["runs"]}
+    for scenario in ("fan-in", "qos1"):
+        for broker in ("ledge", "mosquitto"):
+            run = runs[(scenario, broker)]
+            assert not run["error"], run["error"]
+            assert run["figure"] > 0, (scenario, broker, proc.stdout)
+            assert run["peak_rss_kib"] > 0
+    for broker in ("ledge", "mosquitto"):
+        qos1 = runs[("qos1", broker)]
+        assert qos1["drops"] == 0, (broker, qos1["details"])
+        assert qos1["details"]["unacked"] == 0
+        assert qos1["details"]["unknown_acks"] == 0
+    assert "fan-in" in proc.stdout and "Ledge/Mosq" in proc.stdout
