@@ -403,7 +403,10 @@ def latency_summary(samples_ns: list[int]) -> Params:
 
 
 async def role_pub(params: Params, control: Control) -> None:
-    mode = params["mode"]  # flood | qos1 | paced
+    mode = params["mode"]  # flood | qos1 | paced | probe
+    if mode == "probe":
+        await role_probe(params, control)
+        return
     hello = mqtt.connect(params["client_id"], int(params.get("keepalive", 600)))
     client = await open_client(params, hello, 1)
     emit("READY", {})
@@ -588,6 +591,81 @@ async def _paced(params: Params, client: Client, control: Control) -> None:
             next_ns += period_ns
         await asyncio.sleep((next_ns - time.monotonic_ns()) / 1e9)
     emit("RESULT", {"sent": sent})
+
+
+def _blocking_client(params: Params, hello: bytes, expect: int) -> socket.socket:
+    """A plain blocking connection that has sent ``hello`` and read ``expect`` acks."""
+    sock = socket.create_connection((params["host"], int(params["port"])), timeout=10.0)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.sendall(hello)
+    buf = b""
+    while len(list(mqtt.frames(buf, 0))) < expect:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed during the handshake")
+        buf += chunk
+    return sock
+
+
+async def role_probe(params: Params, control: Control) -> None:
+    """Latency without a second process in the path: one thread publishes a time-stamped
+    QoS 0 message on one connection and blocks on its own subscription for it, paced
+    at ``rate`` per second (one message in flight at a time)."""
+    topic = params["topic"]
+    size = max(8, int(params["payload"]))
+    keepalive = int(params.get("keepalive", 600))
+    sub = _blocking_client(
+        params,
+        mqtt.connect(params["client_id"] + "-sub", keepalive) + mqtt.subscribe(1, [(topic, 0)]),
+        2,
+    )
+    pub = _blocking_client(params, mqtt.connect(params["client_id"] + "-pub", keepalive), 1)
+    prefix = mqtt.publish(topic, b"\x00" * size)[:-size]
+    pad = payload_bytes(size - 8)
+    frame_size = len(prefix) + size
+    emit("READY", {})
+    t0, t1 = await control.go()
+    period_ns = int(1e9 / float(params["rate"]))
+    start_ns, end_ns = int(t0 * 1e9), int(t1 * 1e9)
+    samples: list[int] = []
+    sent = received = 0
+    buf = b""
+    next_ns = time.monotonic_ns()
+    sub.settimeout(1.0)
+    while True:
+        now = time.monotonic_ns()
+        if now >= end_ns:
+            break
+        if next_ns > now:
+            gap = next_ns - now
+            if gap > 200_000:  # sleep most of the gap, spin the last 0.2 ms
+                time.sleep((gap - 200_000) / 1e9)
+            while time.monotonic_ns() < next_ns:
+                pass
+        stamp = time.monotonic_ns()
+        pub.sendall(prefix + stamp.to_bytes(8, "big") + pad)
+        sent += 1
+        next_ns += period_ns
+        try:
+            while len(buf) < frame_size:
+                chunk = sub.recv(65536)
+                if not chunk:
+                    raise ConnectionError("subscriber connection closed")
+                buf += chunk
+        except TimeoutError:
+            buf = b""
+            continue  # lost or very late: counted by sent - received
+        got = time.monotonic_ns()
+        echoed = int.from_bytes(buf[len(prefix) : len(prefix) + 8], "big")
+        buf = buf[frame_size:]
+        received += 1
+        if echoed == stamp and start_ns <= stamp:
+            samples.append(got - stamp)
+    result: Params = {"sent": sent, "total": received, **latency_summary(samples)}
+    emit("RESULT", result)
+    await control.end()
+    for s in (pub, sub):
+        s.close()
 
 
 # ---------------------------------------------------------------- idle connections
