@@ -718,7 +718,44 @@ async def role_idle(params: Params, control: Control) -> None:
         c.close()
 
 
+async def role_churn(params: Params, control: Control) -> None:
+    """Connect and disconnect ``cycles`` times, ``concurrency`` at once; says MARK after
+    the warm-up share of cycles so the orchestrator can read the broker's RSS there."""
+    cycles = int(params["cycles"])
+    concurrency = int(params.get("concurrency", 50))
+    mark_at = int(cycles * float(params.get("mark", 0.1)))
+    prefix = params.get("client_prefix", "churn")
+    emit("READY", {})
+    await control.go()
+    done = 0
+    failed = 0
+    marked = False
+    started = time.monotonic()
+
+    async def worker(w: int) -> None:
+        nonlocal done, failed, marked
+        i = 0
+        while done + failed < cycles:
+            i += 1
+            try:
+                client = await open_client(params, mqtt.connect(f"{prefix}-{w}-{i}", 60), 1)
+                client.close()
+                await client.lost
+            except (OSError, ConnectionError, TimeoutError):
+                failed += 1
+                continue
+            done += 1
+            if not marked and done >= mark_at:
+                marked = True
+                emit("MARK", {"done": done, "seconds": time.monotonic() - started})
+
+    await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    emit("RESULT", {"done": done, "failed": failed, "seconds": time.monotonic() - started})
+    await control.end()
+
+
 ROLES: dict[str, Callable[[Params, Control], Coroutine[Any, Any, None]]] = {
+    "churn": role_churn,
     "sub": role_sub,
     "pub": role_pub,
     "idle": role_idle,

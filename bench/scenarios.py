@@ -56,6 +56,7 @@ class Settings:
     idle_connections: int = 5000
     latency_rate: int = 1000
     qos1_window: int = 100
+    churn_cycles: int = 100_000
 
     @classmethod
     def quick(cls, workdir: Path, pinning: Pinning, nofile: int, duration: float) -> Settings:
@@ -69,6 +70,7 @@ class Settings:
             fan_out_subscribers=10,
             filter_connections=10,
             idle_connections=500,
+            churn_cycles=5_000,
         )
 
 
@@ -566,6 +568,66 @@ def run_idle_conns(settings: Settings, kind: str, rnd: int) -> Outcome:
     return out
 
 
+def run_churn(settings: Settings, kind: str, rnd: int) -> Outcome:
+    """RSS growth over many connect/disconnect cycles, after a 10 % warm-up."""
+    n = settings.churn_cycles
+    label = _label("churn", kind, rnd)
+    broker = Broker(kind, settings.workdir, label)
+    gen: LoadGen | None = None
+    sampler: RssSampler | None = None
+    notes: list[str] = []
+    try:
+        broker.start(settings.pinning, settings.nofile)
+        time.sleep(0.2)
+        idle = rss_kib(broker.pid)
+        sampler = RssSampler(broker.pid).start()
+        params = {
+            **_common(settings, broker),
+            "cycles": n,
+            "concurrency": 50,
+            "client_prefix": f"bench-churn-{rnd}",
+            "timeout": 30.0,
+        }
+        gen = LoadGen("churn", params, settings.workdir / f"{label}-churn.log", "churn")
+        gen.expect("READY", time.monotonic() + 60.0)
+        gen.send("GO 0 0")
+        mark = gen.expect("MARK", time.monotonic() + 600.0)
+        warm_rss = rss_kib(broker.pid)
+        result = gen.expect("RESULT", time.monotonic() + 1200.0)
+        time.sleep(0.5)
+        end_rss = rss_kib(broker.pid)
+    except KeyboardInterrupt:
+        kill_all()
+        raise
+    finally:
+        if gen is not None:
+            gen.stop(grace=15.0)
+        peak = sampler.stop() if sampler is not None else 0
+        broker.stop()
+        _check_broker(broker, notes)
+    if warm_rss is None or end_rss is None:
+        raise BenchError(f"could not read the RSS of {kind}")
+    out = Outcome(
+        scenario="churn",
+        broker=kind,
+        round=rnd,
+        unit="KiB RSS growth",
+        idle_rss_kib=idle,
+        peak_rss_kib=peak,
+        notes=notes,
+        figure=float(end_rss - warm_rss),
+    )
+    out.drops = int(result["failed"])
+    out.details.update(
+        cycles=int(result["done"]),
+        cycles_per_s=int(result["done"]) / float(result["seconds"]),
+        rss_after_warmup_kib=warm_rss,
+        rss_end_kib=end_rss,
+        warmup_cycles=int(mark["done"]),
+    )
+    return out
+
+
 def run_idle_rss(settings: Settings, kind: str, rnd: int) -> Outcome:
     label = _label("idle-rss", kind, rnd)
     broker = Broker(kind, settings.workdir, label)
@@ -607,6 +669,9 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario("idle-conns", "ms to accept", False, "idle connections", True, run_idle_conns),
         Scenario("idle-rss", "MiB", False, "RSS after start, no clients", False, run_idle_rss),
+        Scenario(
+            "churn", "KiB RSS growth", False, "connect/disconnect cycles", False, run_churn
+        ),
         Scenario("latency", "ms p99", False, "QoS 0 at 1,000 msg/s", True, run_latency),
     ]
 }

@@ -9,7 +9,16 @@ from pathlib import Path
 import pytest
 
 from gateway.broker.core import OVERFLOW_SLOTS
-from gateway.mqtt import MQTT_5, MQTT_311, Connect, Publish, Subscribe, SubscriptionRequest, encode
+from gateway.mqtt import (
+    MQTT_5,
+    MQTT_311,
+    Connect,
+    Disconnect,
+    Publish,
+    Subscribe,
+    SubscriptionRequest,
+    encode,
+)
 from tests.support.clients import Paho
 from tests.support.harness import Harness
 from tests.support.procs import LedgeProcess
@@ -159,3 +168,34 @@ def test_connection_limit_over_real_sockets(tmp_path: Path, version: int, expect
         c.client.loop_stop()
     finally:
         assert proc.stop() == 0
+
+
+def test_timer_heap_stays_bounded_under_connection_churn() -> None:
+    """Connect and keep-alive deadlines of closed connections are cancelled, and the heap
+    is compacted: churn cannot grow it (this once grew by ~500 bytes per connection)."""
+    h = Harness(max_connections=8)
+    for i in range(5_000):
+        c = h.client()
+        c.connect(f"churn{i}", keep_alive=60)
+        c.send(Disconnect())
+        c.drop()
+    assert len(h.broker.timers) == 0
+    assert len(h.broker.timers._heap) <= 2 * 64
+
+
+def test_timers_fire_in_order_and_cancelled_ones_never_fire() -> None:
+    from gateway.broker.timers import Timers
+
+    timers = Timers()
+    fired: list[str] = []
+    handles = {
+        name: timers.at(t, lambda arg, now: fired.append(arg), name)
+        for name, t in [("c", 3.0), ("a", 1.0), ("b", 2.0), ("x", 1.5)]
+    }
+    timers.cancel(handles["x"])
+    assert timers.next_deadline() == 1.0
+    assert timers.run_due(2.5) == 2
+    assert fired == ["a", "b"]
+    timers.cancel(handles["a"])  # already fired: harmless
+    assert len(timers) == 1
+    assert timers.run_due(10) == 1 and fired == ["a", "b", "c"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
+from gateway.broker.timers import Handle
 from gateway.mqtt.framer import PacketReader
 from gateway.mqtt.packets import Will
 
@@ -55,6 +56,8 @@ class Connection:
         "reader",
         "session",
         "state",
+        "stuck_timer",
+        "timer",
         "username",
         "version",
         "will",
@@ -97,6 +100,9 @@ class Connection:
         self.paused_at = 0.0
         #: Close without flushing (a slow consumer's output will never drain).
         self.abort = False
+        #: The pending connect or keep-alive deadline, and the slow-consumer deadline.
+        self.timer: Handle | None = None
+        self.stuck_timer: Handle | None = None
         #: The client's Maximum Packet Size (None: no limit beyond the protocol's).
         self.peer_max_packet: int | None = None
         #: The client's Receive Maximum: QoS 1/2 PUBLISHes we may have unacknowledged.

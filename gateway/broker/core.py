@@ -154,7 +154,7 @@ class Broker:
         self._next_conn_id += 1
         self.connections[conn.id] = conn
         self.stats.connections_total += 1
-        self.timers.at(
+        conn.timer = self.timers.at(
             now + self.settings.connect_timeout, self._connect_timer, (conn, conn.generation)
         )
         return conn
@@ -209,6 +209,7 @@ class Broker:
                 conn.label,
                 conn.dropped,
             )
+        self._cancel_connection_timers(conn)
         self._detach(conn, now)
         conn.state = State.CLOSED
         conn.handle = None
@@ -221,11 +222,15 @@ class Broker:
     def set_writable(self, conn: Connection, writable: bool, now: float) -> None:
         """Flow control from the transport: pause (False) or resume (True) writing."""
         conn.writable = writable
+        self.timers.cancel(conn.stuck_timer)
+        conn.stuck_timer = None
         if not writable:
             conn.paused_at = now
             timeout = self.settings.slow_consumer_timeout
             if timeout > 0:
-                self.timers.at(now + timeout, self._stuck_timer, (conn, conn.generation, now))
+                conn.stuck_timer = self.timers.at(
+                    now + timeout, self._stuck_timer, (conn, conn.generation, now)
+                )
         elif conn.session is not None and conn.state is State.CONNECTED:
             self.pump(conn.session, now)
 
@@ -287,6 +292,7 @@ class Broker:
         if conn.state >= State.CLOSING:
             return
         conn.close_reason = reason
+        self._cancel_connection_timers(conn)
         self._detach(conn, now)
         conn.state = State.CLOSING
         if not conn.in_dirty:
@@ -336,6 +342,11 @@ class Broker:
 
     # ================================================================== sessions
 
+    def _cancel_connection_timers(self, conn: Connection) -> None:
+        self.timers.cancel(conn.timer)
+        self.timers.cancel(conn.stuck_timer)
+        conn.timer = conn.stuck_timer = None
+
     def _detach(self, conn: Connection, now: float) -> None:
         """The connection ends: publish or schedule its will; start session expiry."""
         session = conn.session
@@ -355,15 +366,21 @@ class Broker:
             else:
                 session.will = will
                 session.will_due = now + delay
-                self.timers.at(session.will_due, self._will_timer, session)
+                session.will_timer = self.timers.at(session.will_due, self._will_timer, session)
         if session.expiry_interval == 0:
             self.end_session(session, now)
         elif session.expiry_interval != NEVER_EXPIRES:
             session.expires_at = now + session.expiry_interval
-            self.timers.at(session.expires_at, self._expiry_timer, session)
+            session.expiry_timer = self.timers.at(session.expires_at, self._expiry_timer, session)
+
+    def cancel_session_timers(self, session: Session) -> None:
+        self.timers.cancel(session.will_timer)
+        self.timers.cancel(session.expiry_timer)
+        session.will_timer = session.expiry_timer = None
 
     def end_session(self, session: Session, now: float) -> None:
         """Discard a session: a pending will is published now (MQTT-3.1.3-9's flip side)."""
+        self.cancel_session_timers(session)
         if session.will is not None:
             will = session.will
             session.will = None
@@ -434,8 +451,11 @@ class Broker:
             self.close(conn, now, "no CONNECT in time")
 
     def schedule_keepalive(self, conn: Connection, now: float) -> None:
+        """Replace the connect deadline by the keep-alive deadline (if any)."""
+        self.timers.cancel(conn.timer)
+        conn.timer = None
         if conn.keep_alive:
-            self.timers.at(
+            conn.timer = self.timers.at(
                 now + conn.keep_alive * 1.5, self._keepalive_timer, (conn, conn.generation)
             )
 
@@ -455,7 +475,7 @@ class Broker:
                 now,
             )
         else:
-            self.timers.at(due, self._keepalive_timer, arg)
+            conn.timer = self.timers.at(due, self._keepalive_timer, arg)
 
     def _stuck_timer(self, arg: tuple[Connection, int, float], now: float) -> None:
         """Slow-consumer deadline: a client that has not read for this long is cut off."""

@@ -144,6 +144,7 @@ def handle_connect(broker: Broker, conn: Connection, packet: Connect, now: float
         session.will = None
         session.will_due = None
         session.expires_at = None
+        broker.cancel_session_timers(session)
     else:
         session = Session(client_id)
         broker.sessions[client_id] = session

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from gateway.broker.message import Message
+from gateway.broker.timers import Handle
 from gateway.mqtt.packets import Will
 
 if TYPE_CHECKING:
@@ -80,6 +81,7 @@ class Session:
         "connected_expiry_zero",
         "expires_at",
         "expiry_interval",
+        "expiry_timer",
         "incoming_qos2",
         "inflight",
         "next_packet_id",
@@ -89,6 +91,7 @@ class Session:
         "subscriptions",
         "will",
         "will_due",
+        "will_timer",
     )
 
     def __init__(self, client_id: str, expiry_interval: int = 0) -> None:
@@ -105,6 +108,8 @@ class Session:
         #: A will waiting for its Will Delay Interval after the connection closed.
         self.will: Will | None = None
         self.will_due: float | None = None
+        self.will_timer: Handle | None = None
+        self.expiry_timer: Handle | None = None
         self.protocol_version = 4
         #: The CONNECT asked for Session Expiry 0: a later non-zero value is a protocol error.
         self.connected_expiry_zero = False
