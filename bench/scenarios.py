@@ -9,8 +9,9 @@ inside it.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -494,55 +495,93 @@ def run_latency(settings: Settings, kind: str, rnd: int) -> Outcome:
 # ---------------------------------------------------------------- memory and connections
 
 
-def run_idle_conns(settings: Settings, kind: str, rnd: int) -> Outcome:
-    n = settings.idle_connections
-    label = _label("idle-conns", kind, rnd)
+@dataclass
+class SoloRun:
+    """A broker and one load-generator process, for the scenarios that are not a window
+    of traffic (connections held open, connections churned)."""
+
+    broker: Broker
+    gen: LoadGen
+    idle_rss: int | None
+    peak_rss: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def solo_run(
+    settings: Settings,
+    kind: str,
+    label: str,
+    role: str,
+    params: dict[str, Any],
+    max_connections: int | None = None,
+) -> Iterator[SoloRun]:
+    """Start ``kind``, then one ``role`` load generator; stop both and sample peak RSS."""
     broker = Broker(kind, settings.workdir, label)
-    gen: LoadGen | None = None
     sampler: RssSampler | None = None
+    run: SoloRun | None = None
     notes: list[str] = []
     try:
-        broker.start(settings.pinning, settings.nofile, max_connections=n + 1000)
+        if max_connections is None:
+            broker.start(settings.pinning, settings.nofile)
+        else:
+            broker.start(settings.pinning, settings.nofile, max_connections=max_connections)
         time.sleep(0.2)
         idle = rss_kib(broker.pid)
         sampler = RssSampler(broker.pid).start()
-        params = {
-            **_common(settings, broker),
-            "nofile": n + 100,
-            "count": n,
-            "client_prefix": f"bench-idle-{rnd}",
-            "keepalive": 600,
-            "timeout": 60.0,
-        }
-        gen = LoadGen("idle", params, settings.workdir / f"{label}-idle.log", "idle")
-        ready = gen.expect("READY", time.monotonic() + 90.0)
-        notes.extend(ready.get("notes", []))
-        time.sleep(1.0)
-        connected_rss = rss_kib(broker.pid)
-        gen.send("GO 0 0")
-        result = gen.expect("RESULT", time.monotonic() + 30.0)
+        gen = LoadGen(
+            role,
+            {**_common(settings, broker), **params},
+            settings.workdir / f"{label}-{role}.log",
+            role,
+        )
+        run = SoloRun(broker, gen, idle, notes=notes)
+        yield run
     except KeyboardInterrupt:
         kill_all()
         raise
     finally:
-        if gen is not None:
-            gen.stop(grace=15.0)
+        if run is not None:
+            run.gen.stop(grace=15.0)
         peak = sampler.stop() if sampler is not None else 0
+        if run is not None:
+            run.peak_rss = peak
         broker.stop()
         _check_broker(broker, notes)
+
+
+def run_idle_conns(settings: Settings, kind: str, rnd: int) -> Outcome:
+    n = settings.idle_connections
+    params = {
+        "nofile": n + 100,
+        "count": n,
+        "client_prefix": f"bench-idle-{rnd}",
+        "keepalive": 600,
+        "timeout": 60.0,
+    }
+    label = _label("idle-conns", kind, rnd)
+    with solo_run(settings, kind, label, "idle", params, max_connections=n + 1000) as run:
+        ready = run.gen.expect("READY", time.monotonic() + 90.0)
+        run.notes.extend(ready.get("notes", []))
+        time.sleep(1.0)
+        connected_rss = rss_kib(run.broker.pid)
+        run.gen.send("GO 0 0")
+        result = run.gen.expect("RESULT", time.monotonic() + 30.0)
+    notes = run.notes
     if settings.nofile < n + 100:
         notes.append(
             f"the broker's open-file limit is {settings.nofile}, below the {n + 100} that "
             f"{n} connections need"
         )
     connected = int(ready["connected"])
+    idle = run.idle_rss
     out = Outcome(
         scenario="idle-conns",
         broker=kind,
         round=rnd,
         unit="ms to accept",
         idle_rss_kib=idle,
-        peak_rss_kib=peak,
+        peak_rss_kib=run.peak_rss,
         notes=notes,
     )
     if ready["failed"]:
@@ -570,41 +609,20 @@ def run_idle_conns(settings: Settings, kind: str, rnd: int) -> Outcome:
 
 def run_churn(settings: Settings, kind: str, rnd: int) -> Outcome:
     """RSS growth over many connect/disconnect cycles, after a 10 % warm-up."""
-    n = settings.churn_cycles
-    label = _label("churn", kind, rnd)
-    broker = Broker(kind, settings.workdir, label)
-    gen: LoadGen | None = None
-    sampler: RssSampler | None = None
-    notes: list[str] = []
-    try:
-        broker.start(settings.pinning, settings.nofile)
-        time.sleep(0.2)
-        idle = rss_kib(broker.pid)
-        sampler = RssSampler(broker.pid).start()
-        params = {
-            **_common(settings, broker),
-            "cycles": n,
-            "concurrency": 50,
-            "client_prefix": f"bench-churn-{rnd}",
-            "timeout": 30.0,
-        }
-        gen = LoadGen("churn", params, settings.workdir / f"{label}-churn.log", "churn")
-        gen.expect("READY", time.monotonic() + 60.0)
-        gen.send("GO 0 0")
-        mark = gen.expect("MARK", time.monotonic() + 600.0)
-        warm_rss = rss_kib(broker.pid)
-        result = gen.expect("RESULT", time.monotonic() + 1200.0)
+    params = {
+        "cycles": settings.churn_cycles,
+        "concurrency": 50,
+        "client_prefix": f"bench-churn-{rnd}",
+        "timeout": 30.0,
+    }
+    with solo_run(settings, kind, _label("churn", kind, rnd), "churn", params) as run:
+        run.gen.expect("READY", time.monotonic() + 60.0)
+        run.gen.send("GO 0 0")
+        mark = run.gen.expect("MARK", time.monotonic() + 600.0)
+        warm_rss = rss_kib(run.broker.pid)
+        result = run.gen.expect("RESULT", time.monotonic() + 1200.0)
         time.sleep(0.5)
-        end_rss = rss_kib(broker.pid)
-    except KeyboardInterrupt:
-        kill_all()
-        raise
-    finally:
-        if gen is not None:
-            gen.stop(grace=15.0)
-        peak = sampler.stop() if sampler is not None else 0
-        broker.stop()
-        _check_broker(broker, notes)
+        end_rss = rss_kib(run.broker.pid)
     if warm_rss is None or end_rss is None:
         raise BenchError(f"could not read the RSS of {kind}")
     out = Outcome(
@@ -612,9 +630,9 @@ def run_churn(settings: Settings, kind: str, rnd: int) -> Outcome:
         broker=kind,
         round=rnd,
         unit="KiB RSS growth",
-        idle_rss_kib=idle,
-        peak_rss_kib=peak,
-        notes=notes,
+        idle_rss_kib=run.idle_rss,
+        peak_rss_kib=run.peak_rss,
+        notes=run.notes,
         figure=float(end_rss - warm_rss),
     )
     out.drops = int(result["failed"])
@@ -669,9 +687,7 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario("idle-conns", "ms to accept", False, "idle connections", True, run_idle_conns),
         Scenario("idle-rss", "MiB", False, "RSS after start, no clients", False, run_idle_rss),
-        Scenario(
-            "churn", "KiB RSS growth", False, "connect/disconnect cycles", False, run_churn
-        ),
+        Scenario("churn", "KiB RSS growth", False, "connect/disconnect cycles", False, run_churn),
         Scenario("latency", "ms p99", False, "QoS 0 at 1,000 msg/s", True, run_latency),
     ]
 }

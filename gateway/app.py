@@ -115,6 +115,9 @@ class Gateway:
 
     def reload(self) -> None:
         """SIGHUP: re-read the config file and apply what can change while running."""
+        if self.broker is None:
+            log.info("SIGHUP ignored: still starting")
+            return
         if self.config.config_path is None:
             log.info("SIGHUP ignored: running on the embedded default config")
             return
@@ -192,10 +195,11 @@ async def run(config: RuntimeConfig, ready: Callable[[Gateway], None] | None = N
     """Run until SIGTERM/SIGINT; returns the process exit code."""
     gateway = Gateway(config)
     loop = asyncio.get_running_loop()
-    await gateway.start()
+    # Handlers first: a signal that arrives while listeners open is handled, not fatal.
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, gateway.stop)
     loop.add_signal_handler(signal.SIGHUP, gateway.reload)
+    await gateway.start()
     if ready is not None:
         ready(gateway)
     try:

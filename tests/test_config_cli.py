@@ -207,7 +207,7 @@ def test_sighup_reloads_deny_list(tmp_path: Path) -> None:
         assert c.subscribe("later/denied", 1) == [1]
         config.write_text('[broker]\ndeny_subscriptions = ["later/#"]\nreceive_maximum = 5\n')
         proc.signal(signal.SIGHUP)
-        line = proc.wait_log("config reloaded")
+        line = proc.wait_log("config reloaded", 20)
         assert "deny_subscriptions" in line
         assert "restart needed for: receive_maximum" in line
         assert c.subscribe("later/denied", 1) == [0x80]
@@ -223,8 +223,8 @@ def test_sighup_with_broken_file_keeps_running_config(tmp_path: Path) -> None:
     try:
         config.write_text("[broker]\nmax_inflight = -3\n")
         proc.signal(signal.SIGHUP)
-        proc.wait_log(r"reload failed, keeping the running config")
-        proc.wait_log(r"broker\.max_inflight \(line 2\)")
+        proc.wait_log(r"reload failed, keeping the running config", 20)
+        proc.wait_log(r"broker\.max_inflight \(line 2\)", 20)
         c = Paho(proc.port, "still-alive").connect()
         c.disconnect()
     finally:

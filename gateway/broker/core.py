@@ -666,16 +666,8 @@ class Broker:
                 if parts is None:
                     return
                 data = parts[0]
-            conn.out.append(data)
-            conn.out_bytes += len(data)
-            if conn.out_bytes > FLUSH_AT:
-                self.urgent = True
-            if not conn.in_dirty:
-                conn.in_dirty = True
-                self.dirty.append(conn)
-            stats = self.stats
-            stats.publish_sent += 1
-            stats.messages_sent += 1
+            self.send_bytes(conn, data)
+            self.stats.publish_sent += 1
             return
         entry = Outgoing(msg, qos, retain, sub_ids, share)
         if (
