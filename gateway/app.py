@@ -14,14 +14,26 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gateway import __version__
 from gateway.broker.auth import Authenticator
 from gateway.broker.core import Broker
 from gateway.net.server import ListenerSpec, Server
-from gateway.runtime import RUNTIME_ENV, ConfigError, RuntimeConfig, build_authenticator
+from gateway.runtime import (
+    RUNTIME_ENV,
+    ConfigError,
+    RuntimeConfig,
+    StartupError,
+    build_authenticator,
+)
+
+if TYPE_CHECKING:
+    from gateway.store.sqlite import Store
 
 log = logging.getLogger("ledge")
 
@@ -29,6 +41,11 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 #: A reload validates the file in a child process; it must answer within this time.
 RELOAD_TIMEOUT = 60.0
+
+#: Store back-pressure: with this many operations waiting for the writer, reading from
+#: clients pauses until the backlog is down to the low mark.
+STORE_BACKLOG_HIGH = 50_000
+STORE_BACKLOG_LOW = 10_000
 
 
 def setup_logging(level: str) -> None:
@@ -68,6 +85,7 @@ class Gateway:
         self.addresses: list[tuple[str, int]] = []
         self._stop = asyncio.Event()
         self._reloading: asyncio.Task[None] | None = None
+        self.store: Store | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -81,6 +99,10 @@ class Gateway:
             now=loop.time(),
         )
         self.server = Server(self.broker, loop)
+        if config.data_dir is not None:
+            self._open_store(loop, Path(config.data_dir))
+        else:
+            log.info("no data_dir: sessions and retained messages live in memory only")
         for i, listener in enumerate(config.listeners):
             spec = ListenerSpec(listener.host, listener.port, listener.name or f"listener {i}")
             try:
@@ -100,6 +122,66 @@ class Gateway:
             type(loop).__module__.split(".")[0],
         )
 
+    # ------------------------------------------------------------------ store
+
+    def _open_store(self, loop: asyncio.AbstractEventLoop, directory: Path) -> None:
+        # Imported here: a gateway without a data_dir never loads SQLite.
+        from gateway.store.restore import restore
+        from gateway.store.sqlite import Store, StoreError
+
+        store = Store(directory, self.config.store)
+        try:
+            snapshot = store.open()
+        except StoreError as exc:
+            raise StartupError(str(exc)) from None
+        assert self.broker is not None and self.server is not None
+        restore(self.broker, snapshot, loop.time(), time.time())
+        store.start(loop.call_soon_threadsafe, self._committed, self._store_failed)
+        self.store = store
+        self.server.after_core = self._seal
+        log.info(
+            "store %s (durability: %s%s)",
+            store.path,
+            self.config.store.durability,
+            "" if self.config.store.durability == "power" else ", no fsync",
+        )
+
+    def _seal(self) -> None:
+        """After every event: hand what the core journaled to the store writer."""
+        assert self.broker is not None and self.store is not None and self.server is not None
+        batch = self.broker.seal_batch()
+        if batch is None:
+            return
+        loop = self.server.loop
+        self.store.submit(batch[0], batch[1], time.time() - loop.time())
+        if self.store.backlog > STORE_BACKLOG_HIGH and not self.server.reading_paused:
+            log.warning(
+                "store is %d changes behind: pausing reads from clients", self.store.backlog
+            )
+            self.server.pause_reading(True)
+
+    def _committed(self, upto: int) -> None:
+        broker, server, store = self.broker, self.server, self.store
+        assert broker is not None and server is not None and store is not None
+        if broker.store_full:
+            broker.store_full = False
+            log.warning("store writes again: QoS 1/2 messages for persistent sessions accepted")
+        broker.batch_committed(upto)
+        if server.reading_paused and store.backlog < STORE_BACKLOG_LOW:
+            log.info("store caught up: reading from clients again")
+            server.pause_reading(False)
+        server.after_event()
+
+    def _store_failed(self, error: str) -> None:
+        assert self.broker is not None
+        if not self.broker.store_full:
+            log.error(
+                "store cannot write (%s): refusing QoS 1/2 messages for persistent sessions "
+                "until it can; retrying",
+                error,
+            )
+        self.broker.store_full = True
+
     def stop(self) -> None:
         self._stop.set()
 
@@ -107,9 +189,16 @@ class Gateway:
         await self._stop.wait()
 
     async def close(self) -> None:
-        if self.server is not None:
+        server, broker, store = self.server, self.broker, self.store
+        if server is not None:
             log.info("shutting down")
-            await self.server.close()
+            await server.close()
+        if store is not None and broker is not None and server is not None:
+            batch = broker.seal_batch()
+            if batch is not None:
+                store.submit(batch[0], batch[1], time.time() - server.loop.time())
+            # Commits what is queued, checkpoints the WAL and closes the file.
+            await asyncio.get_running_loop().run_in_executor(None, store.close)
 
     # ------------------------------------------------------------------ reload
 
@@ -234,7 +323,7 @@ def main() -> int:
     setup_logging(config.log_level)
     try:
         return run_forever(config)
-    except ConfigError as exc:
+    except (ConfigError, StartupError) as exc:
         print(exc, file=sys.stderr)
         return 2
 

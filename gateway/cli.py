@@ -107,7 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.stderr.flush()
     env = dict(os.environ)
     env[RUNTIME_ENV] = runtime.to_json()
-    os.execve(sys.executable, [sys.executable, "-m", "gateway.app"], env)
+    # The original arguments ride along so ps and pkill still show them.
+    os.execve(sys.executable, [sys.executable, "-m", "gateway.app", *sys.argv[1:]], env)
     return EXIT_OK  # pragma: no cover - execve does not return
 
 

@@ -20,6 +20,7 @@ from gateway.mqtt.reason_codes import ReasonCode
 from gateway.mqtt.topics import filter_error
 from gateway.mqtt.wire import VARINT_MAX
 from gateway.runtime import ConfigError, ListenerSettings, RuntimeConfig
+from gateway.store.settings import StoreSettings
 
 
 def _reload(yes: bool) -> dict[str, Any]:
@@ -93,6 +94,12 @@ class BrokerConfig(_Model):
         return value
 
 
+class StoreConfig(_Model):
+    durability: Literal["power", "process"] = Field("power", json_schema_extra=_reload(False))
+    on_corrupt: Literal["refuse", "move-aside"] = Field("refuse", json_schema_extra=_reload(False))
+    max_bytes: int = Field(0, ge=0, json_schema_extra=_reload(False))
+
+
 class AuthConfig(_Model):
     allow_anonymous: bool = Field(True, json_schema_extra=_reload(True))
     password_file: Path | None = Field(None, json_schema_extra=_reload(True))
@@ -110,6 +117,7 @@ class Config(_Model):
     )
     data_dir: Path | None = Field(None, json_schema_extra=_reload(False))
     broker: BrokerConfig = Field(default_factory=BrokerConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
     log: LogConfig = Field(default_factory=LogConfig)
 
@@ -124,6 +132,7 @@ class Config(_Model):
             password_file=None if self.auth.password_file is None else str(self.auth.password_file),
             log_level=self.log.level,
             data_dir=None if self.data_dir is None else str(self.data_dir),
+            store=StoreSettings(self.store.durability, self.store.on_corrupt, self.store.max_bytes),
             config_path=None if path is None else str(path),
             override_args=overrides.args() if overrides is not None else (),
             reloadable=tuple(name for name, yes in reloadable_fields(BrokerConfig).items() if yes),

@@ -9,12 +9,13 @@ memory. A SIGHUP reload validates in a short-lived child process the same way.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from gateway.broker.auth import PasswordAuthenticator, PasswordFileError, parse_password_file
 from gateway.broker.settings import BrokerSettings
+from gateway.store.settings import StoreSettings
 
 #: Environment variable carrying the validated config into the gateway process.
 RUNTIME_ENV = "LEDGE_RUNTIME_CONFIG"
@@ -27,6 +28,10 @@ class ConfigError(Exception):
         super().__init__("\n".join(f"{path}: {p}" for p in problems))
         self.path = path
         self.problems = problems
+
+
+class StartupError(Exception):
+    """The gateway cannot start (an unusable store, say); the message says why and how on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +51,7 @@ class RuntimeConfig:
     password_file: str | None = None
     log_level: str = "info"
     data_dir: str | None = None
+    store: StoreSettings = field(default_factory=StoreSettings)
     #: The file the config came from (None: the embedded default) ...
     config_path: str | None = None
     #: ... and the command-line flags that override it, re-applied on reload.
@@ -69,6 +75,7 @@ class RuntimeConfig:
             password_file=data["password_file"],
             log_level=data["log_level"],
             data_dir=data["data_dir"],
+            store=StoreSettings(**data["store"]),
             config_path=data["config_path"],
             override_args=tuple(data["override_args"]),
             reloadable=tuple(data["reloadable"]),

@@ -18,6 +18,7 @@ from gateway.config import (
     Config,
     ListenerConfig,
     LogConfig,
+    StoreConfig,
     parse_config,
     parse_listen,
     reloadable_fields,
@@ -73,6 +74,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("", Config),
     ("[[listeners]]", ListenerConfig),
     ("[broker]", BrokerConfig),
+    ("[store]", StoreConfig),
     ("[auth]", AuthConfig),
     ("[log]", LogConfig),
 ]
@@ -91,7 +93,7 @@ def test_example_config_documents_every_option_and_its_reload(
     else:
         section = text[: text.index("\n[")]
     for name, reload in reloadable_fields(model).items():
-        if name in ("listeners", "broker", "auth", "log"):
+        if name in ("listeners", "broker", "store", "auth", "log"):
             continue
         m = re.search(rf"^((?:#.*\n)+)#? ?{name} = ", section, re.M)
         assert m, f"{header or 'top level'}: option {name} is not documented"

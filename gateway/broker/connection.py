@@ -38,6 +38,7 @@ class Connection:
         "generation",
         "graceful",
         "handle",
+        "held",
         "id",
         "in_dirty",
         "keep_alive",
@@ -103,6 +104,8 @@ class Connection:
         #: The pending connect or keep-alive deadline, and the slow-consumer deadline.
         self.timer: Handle | None = None
         self.stuck_timer: Handle | None = None
+        #: Output waiting for store batches to commit: [(batch id, chunks)], or None.
+        self.held: list[tuple[int, list[bytes]]] | None = None
         #: The client's Maximum Packet Size (None: no limit beyond the protocol's).
         self.peer_max_packet: int | None = None
         #: The client's Receive Maximum: QoS 1/2 PUBLISHes we may have unacknowledged.

@@ -21,6 +21,7 @@ from typing import Any, Final
 from gateway.broker import handle_connect, handle_publish, handle_subscribe
 from gateway.broker.auth import Authenticator, PasswordAuthenticator
 from gateway.broker.connection import Connection, State
+from gateway.broker.journal import Journal, Op
 from gateway.broker.message import Message, packet_size
 from gateway.broker.retained import RetainedStore
 from gateway.broker.router import SubscriptionIndex
@@ -95,6 +96,11 @@ class Broker:
         #: Some connection has more than FLUSH_AT bytes waiting: write now, not later.
         self.urgent = False
         self.stats = Stats()
+        #: Changes to persistent state for the store; None when running in memory only.
+        self.journal: Journal | None = None
+        #: The store cannot write (disk or store.max_bytes full): QoS 1/2 messages that
+        #: would have to be stored are refused until it can again.
+        self.store_full = False
         self.shutting_down = False
         self._next_conn_id = 1
         # The connection pool: every slot allocated now, reused for the process's life.
@@ -246,6 +252,43 @@ class Broker:
         self.urgent = False
         return dirty
 
+    def would_store(self, topic: str, retain: bool) -> bool:
+        """Would a QoS 1/2 message on ``topic`` be written to the store?"""
+        if retain:
+            return True
+        route = self.index.route(topic)
+        if any(session.persisted for session, _subs in route.direct):
+            return True
+        return any(
+            session.persisted for group in route.shared for session, _s in group.members.values()
+        )
+
+    def refuse_unstorable(self, conn: Connection, topic: str, now: float) -> int | None:
+        """The store is full: the reason code to acknowledge with (v5), or None after
+        closing a 3.1.1 connection (which has no negative acknowledgement)."""
+        self.stats.publish_denied += 1
+        reason = f"store full: message on {topic!r} for persistent sessions refused"
+        if conn.version == MQTT_5:
+            log.warning("refusing PUBLISH from %s: %s", conn.label, reason)
+            return ReasonCode.QUOTA_EXCEEDED
+        self.fail(conn, ReasonCode.QUOTA_EXCEEDED, reason, now)
+        return None
+
+    def seal_batch(self) -> tuple[int, list[Op]] | None:
+        """The journal's operations so far, as a numbered batch for the store."""
+        return self.journal.seal() if self.journal is not None else None
+
+    def batch_committed(self, upto: int) -> None:
+        """The store committed every batch up to ``upto``: release the output held
+        for them, in order."""
+        if self.journal is None:
+            return
+        for conn, chunks in self.journal.release(upto):
+            if conn.state is not State.CONNECTED:
+                continue
+            for data in chunks:
+                self._emit(conn, data)
+
     def shutdown(self, now: float) -> None:
         """Close every connection; MQTT 5 clients get DISCONNECT 0x8B (server shutting down)."""
         self.shutting_down = True
@@ -261,6 +304,13 @@ class Broker:
 
     def send_bytes(self, conn: Connection, data: bytes) -> None:
         self.stats.messages_sent += 1
+        if conn.held is not None:
+            assert self.journal is not None
+            self.journal.held_append(conn, data)
+            return
+        self._emit(conn, data)
+
+    def _emit(self, conn: Connection, data: bytes) -> None:
         conn.out.append(data)
         conn.out_bytes += len(data)
         if conn.out_bytes > FLUSH_AT:
@@ -292,6 +342,7 @@ class Broker:
         if conn.state >= State.CLOSING:
             return
         conn.close_reason = reason
+        conn.held = None  # output waiting for the store goes with the connection
         self._cancel_connection_timers(conn)
         self._detach(conn, now)
         conn.state = State.CLOSING
@@ -310,6 +361,7 @@ class Broker:
             log.info("closing %s: %s", conn.label, reason)
         if conn.version == MQTT_5 and conn.state is State.CONNECTED:
             props = Properties(reason_string=reason) if reason else EMPTY
+            conn.held = None  # the DISCONNECT goes out now; held acknowledgements do not
             self.send(conn, Disconnect(code, props))
         self.close(conn, now, reason)
 
@@ -369,9 +421,31 @@ class Broker:
                 session.will_timer = self.timers.at(session.will_due, self._will_timer, session)
         if session.expiry_interval == 0:
             self.end_session(session, now)
-        elif session.expiry_interval != NEVER_EXPIRES:
+            return
+        if session.expiry_interval != NEVER_EXPIRES:
             session.expires_at = now + session.expiry_interval
             session.expiry_timer = self.timers.at(session.expires_at, self._expiry_timer, session)
+        if self.journal is not None:
+            self.journal.session(session)
+
+    def adopt_session(self, session: Session, now: float) -> None:
+        """Take in a session restored from the store (not connected). Its pending will and
+        its expiry run from their deadlines; one already past fires now."""
+        self.sessions[session.client_id] = session
+        for sub in session.subscriptions.values():
+            self.index.add(session, sub)
+        if session.will is not None and session.will_due is not None:
+            if session.will_due <= now:
+                self._will_timer(session, now)
+            else:
+                session.will_timer = self.timers.at(session.will_due, self._will_timer, session)
+        if session.expires_at is not None:
+            if session.expires_at <= now:
+                self._expiry_timer(session, now)
+            else:
+                session.expiry_timer = self.timers.at(
+                    session.expires_at, self._expiry_timer, session
+                )
 
     def cancel_session_timers(self, session: Session) -> None:
         self.timers.cancel(session.will_timer)
@@ -381,6 +455,8 @@ class Broker:
     def end_session(self, session: Session, now: float) -> None:
         """Discard a session: a pending will is published now (MQTT-3.1.3-9's flip side)."""
         self.cancel_session_timers(session)
+        if self.journal is not None:
+            self.journal.session_end(session)
         if session.will is not None:
             will = session.will
             session.will = None
@@ -501,6 +577,8 @@ class Broker:
         session.will = None
         session.will_due = None
         self.publish_will(will, session.client_id, now)
+        if self.journal is not None:
+            self.journal.session(session)
 
     def _expiry_timer(self, session: Session, now: float) -> None:
         expires_at = session.expires_at
@@ -578,8 +656,8 @@ class Broker:
 
         Retained messages are stored (or deleted) here first.
         """
-        if msg.retain:
-            self.retained.store(msg)
+        if msg.retain and self.retained.store(msg) and self.journal is not None:
+            self.journal.retain(msg)
         route = self.index.route(msg.topic)
         count = 0
         origin = msg.origin
@@ -706,22 +784,39 @@ class Broker:
             return False
         session.queue.append(entry)
         session.queued_bytes += size
+        if self.journal is not None:
+            self.journal.entry(session, entry)
         return True
 
     def _send_new(self, session: Session, conn: Connection, entry: Outgoing, now: float) -> None:
         parts = self._encode_for(
             conn, entry.message, entry.qos, entry.retain, entry.sub_ids, False, now
         )
+        journal = self.journal
         if parts is None:
-            return  # too large or expired: counted; treated as delivered (MQTT-3.1.2-25)
+            # Too large or expired: counted; treated as delivered (MQTT-3.1.2-25).
+            if journal is not None:
+                journal.entry_done(session, entry)
+            return
         pid = session.allocate_packet_id()
         entry.packet_id = pid
         entry.state = AWAIT_ACK
         session.inflight[pid] = entry
+        if journal is not None and session.persisted:
+            # Write-ahead: the PUBLISH leaves only once its packet id is stored, so a
+            # restart can never re-send it under another id (QoS 2 stays exactly once).
+            journal.entry(session, entry)
+            journal.hold(conn)
         self._write_publish(conn, parts, pid)
 
     def _write_publish(self, conn: Connection, parts: tuple[bytes, bytes], pid: int) -> None:
         head, tail = parts
+        if conn.held is not None:
+            assert self.journal is not None
+            self.stats.publish_sent += 1
+            self.stats.messages_sent += 1
+            self.journal.held_append(conn, head + pid.to_bytes(2, "big") + tail)
+            return
         out = conn.out
         out.append(head)
         out.append(pid.to_bytes(2, "big"))
@@ -793,6 +888,8 @@ class Broker:
             session.queued_bytes -= entry.message.size
             if entry.message.expired(now):
                 self.stats.dropped_expired += 1
+                if self.journal is not None:
+                    self.journal.entry_done(session, entry)
                 continue
             if entry.qos == 0:
                 parts = self._encode_for(
@@ -815,6 +912,8 @@ class Broker:
             parts = self._encode_for(conn, msg, entry.qos, entry.retain, entry.sub_ids, True, now)
             if parts is None and not msg.expired(now):
                 del session.inflight[pid]
+                if self.journal is not None:
+                    self.journal.entry_done(session, entry)
                 continue
             if parts is None:
                 # Expired while in flight: onward delivery had started, so send it anyway

@@ -151,6 +151,8 @@ def handle_connect(broker: Broker, conn: Connection, packet: Connect, now: float
     session.expiry_interval = granted_expiry
     session.connected_expiry_zero = granted_expiry == 0
     session.protocol_version = version
+    if broker.journal is not None:
+        broker.journal.session(session)
     session.conn = conn
     conn.session = session
     conn.will = packet.will

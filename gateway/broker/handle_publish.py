@@ -94,8 +94,17 @@ def _publish_plain(
         msg.raw = raw if type(raw) is bytes else bytes(raw)
         msg.raw_version = conn.version
     broker.stats.publish_received += 1
+    if qos and broker.store_full and broker.would_store(topic, False):
+        code = broker.refuse_unstorable(conn, topic, now)
+        if code is not None:
+            broker.send_bytes(conn, _ack(0x40, pid, code, conn.version))
+        return
+    journal = broker.journal
+    mark = len(journal.ops) if journal is not None else 0
     delivered = broker.publish(msg, now)
     if qos:
+        if journal is not None and len(journal.ops) != mark:
+            journal.hold(conn)  # acknowledged means stored
         code = ReasonCode.SUCCESS if delivered else ReasonCode.NO_MATCHING_SUBSCRIBERS
         broker.send_bytes(conn, _ack(0x40, pid, code, conn.version))
 
@@ -163,14 +172,20 @@ def handle_publish(broker: Broker, conn: Connection, packet: Publish, now: float
             )
             return
 
+    journal = broker.journal
+    mark = len(journal.ops) if journal is not None else 0
     code = _route(broker, conn, packet, topic, now)
     if code is None:
         return
+    if qos == 2 and code < 0x80:
+        session.incoming_qos2.add(pid)
+        if journal is not None:
+            journal.incoming(session, pid)
+    if journal is not None and qos and len(journal.ops) != mark:
+        journal.hold(conn)  # acknowledged means stored
     if qos == 1:
         broker.send_bytes(conn, _ack(0x40, pid, code, version))
     elif qos == 2:
-        if code < 0x80:
-            session.incoming_qos2.add(pid)
         broker.send_bytes(conn, _ack(0x50, pid, code, version))
 
 
@@ -188,6 +203,8 @@ def _route(broker: Broker, conn: Connection, packet: Publish, topic: str, now: f
                 return None
             log.info("refusing PUBLISH from %s on %r: %s", conn.label, topic, reason)
             return ReasonCode.PAYLOAD_FORMAT_INVALID
+    if qos and broker.store_full and broker.would_store(topic, packet.retain):
+        return broker.refuse_unstorable(conn, topic, now)
     if topic.startswith("$SYS"):
         # $SYS belongs to the broker; a client's write is refused (3.1.1: silently dropped).
         broker.stats.publish_denied += 1
@@ -228,6 +245,8 @@ def handle_puback(broker: Broker, conn: Connection, packet: PubAck, now: float) 
         log.debug("PUBACK from %s for unknown packet id %d", conn.label, packet.packet_id)
         return
     del session.inflight[packet.packet_id]
+    if broker.journal is not None:
+        broker.journal.entry_done(session, entry)
     if session.queue:
         broker.pump(session, now)
 
@@ -241,13 +260,20 @@ def handle_pubrec(broker: Broker, conn: Connection, packet: PubRec, now: float) 
         code = ReasonCode.PACKET_IDENTIFIER_NOT_FOUND if conn.version == MQTT_5 else 0
         broker.send(conn, PubRel(pid, code))
         return
+    journal = broker.journal
     if packet.reason_code >= 0x80:
         # MQTT-4.3.3-4 note: an error PUBREC ends the flow; the identifier is free again.
         del session.inflight[pid]
+        if journal is not None:
+            journal.entry_done(session, entry)
         if session.queue:
             broker.pump(session, now)
         return
-    entry.state = AWAIT_COMP
+    if entry.state != AWAIT_COMP:
+        entry.state = AWAIT_COMP
+        if journal is not None and session.persisted:
+            journal.entry(session, entry)
+            journal.hold(conn)  # no PUBREL before the new state is stored
     broker.send_bytes(conn, b"\x62\x02" + pid.to_bytes(2, "big"))
 
 
@@ -257,6 +283,10 @@ def handle_pubrel(broker: Broker, conn: Connection, packet: PubRel, now: float) 
     pid = packet.packet_id
     if pid in session.incoming_qos2:
         session.incoming_qos2.discard(pid)
+        journal = broker.journal
+        if journal is not None and session.persisted:
+            journal.incoming_done(session, pid)
+            journal.hold(conn)  # no PUBCOMP before the identifier is released in the store
         broker.send_bytes(conn, b"\x70\x02" + pid.to_bytes(2, "big"))
     else:
         code = ReasonCode.PACKET_IDENTIFIER_NOT_FOUND if conn.version == MQTT_5 else 0
@@ -271,5 +301,7 @@ def handle_pubcomp(broker: Broker, conn: Connection, packet: PubComp, now: float
         log.debug("PUBCOMP from %s for unknown packet id %d", conn.label, packet.packet_id)
         return
     del session.inflight[packet.packet_id]
+    if broker.journal is not None:
+        broker.journal.entry_done(session, entry)
     if session.queue:
         broker.pump(session, now)

@@ -59,6 +59,11 @@ def handle_subscribe(broker: Broker, conn: Connection, packet: Subscribe, now: f
     except _Violation as violation:
         broker.fail(conn, violation.code, violation.reason, now)
         return
+    journal = broker.journal
+    if journal is not None and session.persisted and added:
+        for sub, _is_new in added:
+            journal.subscribe(session, sub)
+        journal.hold(conn)  # SUBACK once the subscriptions are stored
     broker.send(conn, SubAck(packet.packet_id, tuple(codes)))
     for sub, is_new in added:
         if sub.share_name is not None:
@@ -146,6 +151,9 @@ def handle_unsubscribe(broker: Broker, conn: Connection, packet: Unsubscribe, no
         sub = session.subscriptions.pop(raw, None)
         if sub is not None:
             broker.index.remove(session, sub)
+            if broker.journal is not None and session.persisted:
+                broker.journal.unsubscribe(session, raw)
+                broker.journal.hold(conn)
             codes.append(ReasonCode.SUCCESS)
         else:
             invalid = False

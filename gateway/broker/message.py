@@ -37,7 +37,9 @@ class Message:
         "qos",
         "raw",
         "raw_version",
+        "refs",
         "retain",
+        "store_id",
         "topic",
     )
 
@@ -75,6 +77,9 @@ class Message:
         #: of protocol ``raw_version`` gets (no retain, no properties): forwarded as is.
         self.raw: bytes | None = None
         self.raw_version = 0
+        #: Row id in the store and the number of stored queue entries using it.
+        self.store_id = 0
+        self.refs = 0
         self._topic_bytes: bytes | None = None
         self._props_body: bytes | None = None
         self._cache: dict[tuple[int, int, bool, int, bool], tuple[bytes, bytes]] | None = None

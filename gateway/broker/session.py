@@ -47,7 +47,7 @@ class Subscription:
 class Outgoing:
     """One message on its way to one session."""
 
-    __slots__ = ("message", "packet_id", "qos", "retain", "share", "state", "sub_ids")
+    __slots__ = ("message", "packet_id", "qos", "retain", "seq", "share", "state", "sub_ids")
 
     def __init__(
         self,
@@ -64,6 +64,8 @@ class Outgoing:
         self.packet_id = 0
         self.state = QUEUED
         self.share = share
+        #: Position in the store's queue of its session (0: not stored).
+        self.seq = 0
 
     def __repr__(self) -> str:
         return (
@@ -85,6 +87,7 @@ class Session:
         "incoming_qos2",
         "inflight",
         "next_packet_id",
+        "persisted",
         "protocol_version",
         "queue",
         "queued_bytes",
@@ -113,6 +116,8 @@ class Session:
         self.protocol_version = 4
         #: The CONNECT asked for Session Expiry 0: a later non-zero value is a protocol error.
         self.connected_expiry_zero = False
+        #: The store holds this session (it has an expiry interval above zero).
+        self.persisted = False
 
     def __repr__(self) -> str:
         return (

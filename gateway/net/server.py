@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
@@ -78,6 +79,8 @@ class MQTTProtocol(asyncio.Protocol):
         conn.handle = self
         self.conn = conn
         server.protocols.add(self)
+        if server.reading_paused:
+            transport.pause_reading()
         server.after_event()
 
     def data_received(self, data: bytes) -> None:
@@ -127,6 +130,9 @@ class Server:
         self._flush_scheduled = False
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
+        #: Called after every event the core handled (the app seals store batches here).
+        self.after_core: Callable[[], None] | None = None
+        self.reading_paused = False
 
     async def listen(self, spec: ListenerSpec) -> list[tuple[str, int]]:
         """Start a TCP listener; returns the bound addresses (port 0 picks a free port)."""
@@ -147,6 +153,8 @@ class Server:
     def after_event(self) -> None:
         """Write what the core produced -- at once when a lot is waiting, else at the end
         of this loop iteration -- and arm the timer for the core's next deadline."""
+        if self.after_core is not None:
+            self.after_core()
         broker = self.broker
         if broker.urgent:
             self.flush()
@@ -193,6 +201,19 @@ class Server:
                 else:
                     proto.finish()
         broker.stats.bytes_sent += sent
+
+    def pause_reading(self, paused: bool) -> None:
+        """Stop (or restart) reading from every client: back-pressure from the store."""
+        if paused == self.reading_paused:
+            return
+        self.reading_paused = paused
+        for proto in self.protocols:
+            transport = proto.transport
+            if transport is not None and not transport.is_closing():
+                if paused:
+                    transport.pause_reading()
+                else:
+                    transport.resume_reading()
 
     async def close(self, grace: float = 5.0) -> None:
         """Stop listening, tell clients, and wait (bounded) for connections to close."""

@@ -1,0 +1,15 @@
+"""Store settings: plain data, importable without loading SQLite."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSettings:
+    """How the store under ``data_dir`` behaves (see ``gateway.store.sqlite``)."""
+
+    durability: str = "power"  # "power": fsync every commit; "process": no fsync
+    on_corrupt: str = "refuse"  # "refuse" | "move-aside"
+    max_bytes: int = 0  # 0: only the disk limits it
+    retry_interval: float = 1.0  # seconds between attempts when the store is full

@@ -1,0 +1,621 @@
+"""The durable store: SQLite (standard library) in WAL mode, one batching writer thread.
+
+The broker core records every change to persistent state as an operation in its
+journal; the shell seals the journal into numbered batches and hands them here.
+The writer applies everything that is waiting in one transaction (group commit)
+and reports the highest batch committed; only then does the shell release the
+acknowledgements that depended on it.
+
+``durability = "power"`` (the default) commits with ``synchronous = FULL``: every
+commit is fsynced, so what was acknowledged survives a power cut.
+``durability = "process"`` uses ``synchronous = NORMAL``: commits reach the
+operating system but are not fsynced, so they survive a crash of the process but
+the last commits (up to the WAL's last checkpoint) can be lost with the power.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from gateway.broker.journal import Op
+from gateway.mqtt.packets import Will
+from gateway.mqtt.properties import Where, decode_properties, encode_properties
+from gateway.store.settings import StoreSettings
+
+log = logging.getLogger("ledge.store")
+
+SCHEMA_VERSION: Final = 1
+FILENAME: Final = "ledge.db"
+
+#: Migrations from version N-1 to N, applied in order inside one transaction.
+MIGRATIONS: Final[dict[int, tuple[str, ...]]] = {
+    1: (
+        """CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)""",
+        """CREATE TABLE sessions (
+            client_id TEXT PRIMARY KEY,
+            expiry_interval INTEGER NOT NULL,
+            expires_at REAL,
+            protocol INTEGER NOT NULL,
+            will TEXT,
+            will_due REAL
+        )""",
+        """CREATE TABLE subscriptions (
+            client_id TEXT NOT NULL,
+            key TEXT NOT NULL,
+            topic_filter TEXT NOT NULL,
+            qos INTEGER NOT NULL,
+            no_local INTEGER NOT NULL,
+            retain_as_published INTEGER NOT NULL,
+            retain_handling INTEGER NOT NULL,
+            identifier INTEGER,
+            share_name TEXT,
+            PRIMARY KEY (client_id, key)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE messages (
+            id INTEGER PRIMARY KEY,
+            topic TEXT NOT NULL,
+            payload BLOB NOT NULL,
+            qos INTEGER NOT NULL,
+            retain INTEGER NOT NULL,
+            properties BLOB NOT NULL,
+            origin TEXT,
+            expiry_interval INTEGER,
+            created REAL NOT NULL
+        )""",
+        """CREATE TABLE queue (
+            client_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            message_id INTEGER NOT NULL,
+            qos INTEGER NOT NULL,
+            retain INTEGER NOT NULL,
+            sub_ids TEXT NOT NULL,
+            packet_id INTEGER NOT NULL,
+            state INTEGER NOT NULL,
+            share TEXT,
+            PRIMARY KEY (client_id, seq)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE incoming_qos2 (
+            client_id TEXT NOT NULL,
+            packet_id INTEGER NOT NULL,
+            PRIMARY KEY (client_id, packet_id)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE retained (
+            topic TEXT PRIMARY KEY,
+            payload BLOB NOT NULL,
+            qos INTEGER NOT NULL,
+            properties BLOB NOT NULL,
+            origin TEXT,
+            expiry_interval INTEGER,
+            created REAL NOT NULL
+        ) WITHOUT ROWID""",
+    ),
+}
+
+
+class StoreError(Exception):
+    """The store cannot be used; the message names the file and the way out."""
+
+
+class NewerStore(StoreError):
+    """Written by a newer Ledge: never moved aside, since an upgrade reads it."""
+
+
+# --------------------------------------------------------------------------- snapshot
+
+
+@dataclass(slots=True)
+class StoredMessage:
+    id: int
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool
+    properties: bytes
+    origin: str | None
+    expiry_interval: int | None
+    created: float  # wall clock
+
+
+@dataclass(slots=True)
+class StoredEntry:
+    seq: int
+    message_id: int
+    qos: int
+    retain: bool
+    sub_ids: tuple[int, ...]
+    packet_id: int
+    state: int
+    share: tuple[str, str] | None
+
+
+@dataclass(slots=True)
+class StoredSubscription:
+    key: str
+    topic_filter: str
+    qos: int
+    no_local: bool
+    retain_as_published: bool
+    retain_handling: int
+    identifier: int | None
+    share_name: str | None
+
+
+@dataclass(slots=True)
+class StoredSession:
+    client_id: str
+    expiry_interval: int
+    expires_at: float | None  # wall clock; None: was connected when last written
+    protocol: int
+    will: Will | None
+    will_due: float | None  # wall clock
+    subscriptions: list[StoredSubscription] = field(default_factory=list)
+    entries: list[StoredEntry] = field(default_factory=list)
+    incoming_qos2: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """Everything the store holds, read once at start-up."""
+
+    sessions: list[StoredSession]
+    messages: dict[int, StoredMessage]
+    retained: list[StoredMessage]
+    next_message_id: int
+    next_seq: int
+
+
+# --------------------------------------------------------------------------- will codec
+
+
+def encode_will(will: Will) -> str:
+    return json.dumps(
+        {
+            "topic": will.topic,
+            "payload": base64.b64encode(will.payload).decode(),
+            "qos": will.qos,
+            "retain": will.retain,
+            "properties": base64.b64encode(encode_properties(will.properties)).decode(),
+        }
+    )
+
+
+def decode_will(text: str) -> Will:
+    data = json.loads(text)
+    props_bytes = base64.b64decode(data["properties"])
+    props, _ = decode_properties(props_bytes, 0, len(props_bytes), Where.WILL)
+    return Will(
+        data["topic"], base64.b64decode(data["payload"]), data["qos"], data["retain"], props
+    )
+
+
+# --------------------------------------------------------------------------- the store
+
+
+class Store:
+    """One SQLite database file and the thread that writes it."""
+
+    def __init__(self, directory: Path, settings: StoreSettings | None = None) -> None:
+        self.directory = Path(directory)
+        self.path = self.directory / FILENAME
+        self.settings = settings or StoreSettings()
+        self._db: sqlite3.Connection | None = None
+        self._lock_fd: int | None = None
+        self._stopping = threading.Event()
+        self._queue: queue.Queue[tuple[int, list[Op], float] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._pending_ops = 0
+        self._lock = threading.Lock()
+        #: Called (on the loop, via the scheduler given to ``start``) with the highest
+        #: batch id committed, or with an error text when a commit failed.
+        self._committed: Callable[[int], None] | None = None
+        self._failed: Callable[[str], None] | None = None
+        self._schedule: Callable[..., Any] | None = None
+        self.commits = 0
+        self.ops_written = 0
+
+    # ------------------------------------------------------------------ opening
+
+    def open(self) -> Snapshot:
+        """Open (or create) the database, check and migrate it, read everything."""
+        os.makedirs(self.directory, exist_ok=True)
+        self._lock_directory()
+        try:
+            return self._open()
+        except (sqlite3.DatabaseError, StoreError) as exc:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+            if isinstance(exc, NewerStore):
+                raise
+            problem = str(exc)
+            if self.settings.on_corrupt == "move-aside":
+                aside = self._move_aside()
+                log.error(
+                    "store %s is unreadable (%s): moved aside to %s; starting with an "
+                    "empty store -- sessions, queued and retained messages are NOT restored",
+                    self.path,
+                    problem,
+                    aside,
+                )
+                return self._open()
+            raise StoreError(
+                f"store {self.path} is unreadable ({problem}). Nothing was changed. "
+                f"Move it aside to start empty (mv {self.path} {self.path}.bad; also its "
+                f'-wal and -shm files), or set store.on_corrupt = "move-aside".'
+            ) from None
+
+    def _lock_directory(self) -> None:
+        """One gateway per data directory: a second one would interleave its writes."""
+        lock_path = self.directory / "ledge.lock"
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise StoreError(
+                f"data directory {self.directory} is in use by another Ledge (pid {holder}); "
+                "stop it first, or give this one another --data-dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def _move_aside(self) -> Path:
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+        for suffix in ("", "-wal", "-shm"):
+            src = Path(str(self.path) + suffix)
+            if src.exists():
+                src.rename(Path(str(aside) + suffix))
+        return aside
+
+    def _open(self) -> Snapshot:
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db = db
+        db.execute("PRAGMA journal_mode = WAL")
+        sync = "FULL" if self.settings.durability == "power" else "NORMAL"
+        db.execute(f"PRAGMA synchronous = {sync}")
+        if self.settings.max_bytes:
+            page_size = db.execute("PRAGMA page_size").fetchone()[0]
+            db.execute(f"PRAGMA max_page_count = {max(16, self.settings.max_bytes // page_size)}")
+        check = db.execute("PRAGMA quick_check").fetchone()[0]
+        if check != "ok":
+            raise StoreError(f"integrity check failed: {check}")
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise NewerStore(
+                f"store {self.path} was written by a newer Ledge (schema version {version}; "
+                f"this one reads up to {SCHEMA_VERSION}). Upgrade Ledge, or move the file "
+                f"aside to start empty (mv {self.path} {self.path}.newer)."
+            )
+        if version < SCHEMA_VERSION:
+            self._migrate(db, version)
+        return self._load(db)
+
+    def _migrate(self, db: sqlite3.Connection, version: int) -> None:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for target in range(version + 1, SCHEMA_VERSION + 1):
+                for statement in MIGRATIONS[target]:
+                    db.execute(statement)
+                db.execute(f"PRAGMA user_version = {target}")
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        if version:
+            log.info("store %s migrated from schema %d to %d", self.path, version, SCHEMA_VERSION)
+
+    def _load(self, db: sqlite3.Connection) -> Snapshot:
+        sessions: dict[str, StoredSession] = {}
+        for row in db.execute(
+            "SELECT client_id, expiry_interval, expires_at, protocol, will, will_due FROM sessions"
+        ):
+            sessions[row[0]] = StoredSession(
+                row[0], row[1], row[2], row[3], decode_will(row[4]) if row[4] else None, row[5]
+            )
+        for row in db.execute(
+            "SELECT client_id, key, topic_filter, qos, no_local, retain_as_published, "
+            "retain_handling, identifier, share_name FROM subscriptions"
+        ):
+            s = sessions.get(row[0])
+            if s is not None:
+                s.subscriptions.append(
+                    StoredSubscription(
+                        row[1], row[2], row[3], bool(row[4]), bool(row[5]), row[6], row[7], row[8]
+                    )
+                )
+        messages: dict[int, StoredMessage] = {}
+        for row in db.execute(
+            "SELECT id, topic, payload, qos, retain, properties, origin, expiry_interval, "
+            "created FROM messages"
+        ):
+            messages[row[0]] = StoredMessage(
+                row[0],
+                row[1],
+                bytes(row[2]),
+                row[3],
+                bool(row[4]),
+                bytes(row[5]),
+                row[6],
+                row[7],
+                row[8],
+            )
+        next_seq = 1
+        for row in db.execute(
+            "SELECT client_id, seq, message_id, qos, retain, sub_ids, packet_id, state, share "
+            "FROM queue ORDER BY client_id, seq"
+        ):
+            s = sessions.get(row[0])
+            next_seq = max(next_seq, row[1] + 1)
+            if s is None or row[2] not in messages:
+                continue
+            share = tuple(json.loads(row[8])) if row[8] else None
+            s.entries.append(
+                StoredEntry(
+                    row[1],
+                    row[2],
+                    row[3],
+                    bool(row[4]),
+                    tuple(json.loads(row[5])),
+                    row[6],
+                    row[7],
+                    (share[0], share[1]) if share else None,
+                )
+            )
+        for row in db.execute("SELECT client_id, packet_id FROM incoming_qos2"):
+            s = sessions.get(row[0])
+            if s is not None:
+                s.incoming_qos2.append(row[1])
+        retained = [
+            StoredMessage(
+                0, row[0], bytes(row[1]), row[2], True, bytes(row[3]), row[4], row[5], row[6]
+            )
+            for row in db.execute(
+                "SELECT topic, payload, qos, properties, origin, expiry_interval, created "
+                "FROM retained"
+            )
+        ]
+        next_id = (db.execute("SELECT max(id) FROM messages").fetchone()[0] or 0) + 1
+        return Snapshot(list(sessions.values()), messages, retained, next_id, next_seq)
+
+    # ------------------------------------------------------------------ writing
+
+    def start(
+        self,
+        schedule: Callable[..., Any],
+        committed: Callable[[int], None],
+        failed: Callable[[str], None],
+    ) -> None:
+        """Start the writer; ``schedule(fn, *args)`` runs ``fn`` on the event loop
+        (``loop.call_soon_threadsafe``)."""
+        self._schedule = schedule
+        self._committed = committed
+        self._failed = failed
+        self._thread = threading.Thread(target=self._run, name="ledge-store", daemon=True)
+        self._thread.start()
+
+    @property
+    def backlog(self) -> int:
+        """Operations handed to the writer and not yet committed."""
+        return self._pending_ops
+
+    def submit(self, batch_id: int, ops: list[Op], wall_offset: float) -> None:
+        """Queue a sealed batch; ``wall_offset`` turns the core's clock into wall time."""
+        with self._lock:
+            self._pending_ops += len(ops)
+        self._queue.put((batch_id, ops, wall_offset))
+
+    def close(self) -> None:
+        """Commit what is queued, stop the writer, close the file."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._stopping.set()
+            self._thread.join(30)
+            self._thread = None
+        if self._db is not None:
+            with contextlib.suppress(sqlite3.DatabaseError):
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            self._db.close()
+            self._db = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _run(self) -> None:
+        stop = False
+        while not stop:
+            item = self._queue.get()
+            batches = []
+            if item is None:
+                stop = True
+            else:
+                batches.append(item)
+            while True:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                else:
+                    batches.append(more)
+            if batches:
+                self._commit_until_done(batches, stop)
+
+    def _commit_until_done(
+        self, batches: list[tuple[int, list[Op], float]], stopping: bool
+    ) -> None:
+        assert self._db is not None
+        reported = False
+        while True:
+            try:
+                self._apply(batches)
+            except sqlite3.OperationalError as exc:
+                # Disk (or store.max_bytes) full, or locked: keep the batch and retry;
+                # nothing it covers has been acknowledged.
+                if not reported and self._schedule is not None and self._failed is not None:
+                    self._schedule(self._failed, str(exc))
+                    reported = True
+                if stopping or self._stopping.wait(self.settings.retry_interval):
+                    # Nothing in these batches was acknowledged to anyone.
+                    log.error("store: stopping with changes it could not write: %s", exc)
+                    return
+                continue
+            break
+        count = sum(len(ops) for _, ops, _ in batches)
+        with self._lock:
+            self._pending_ops -= count
+        self.commits += 1
+        self.ops_written += count
+        if self._schedule is not None and self._committed is not None:
+            self._schedule(self._committed, batches[-1][0])
+
+    def _apply(self, batches: list[tuple[int, list[Op], float]]) -> None:
+        db = self._db
+        assert db is not None
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for _batch_id, ops, offset in batches:
+                for op in ops:
+                    _APPLY[op[0]](db, op, offset)
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:  # SQLite rolls back by itself on some errors (SQLITE_FULL)
+                db.execute("ROLLBACK")
+            raise
+
+
+# --------------------------------------------------------------------------- operations
+# Each journal operation is a tuple whose first item names it (see gateway.broker.journal).
+
+
+def _wall(mono: float | None, offset: float) -> float | None:
+    return None if mono is None else mono + offset
+
+
+def _session(db: sqlite3.Connection, op: Op, offset: float) -> None:
+    _, client_id, expiry, expires_at, protocol, will, will_due = op
+    db.execute(
+        "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?)",
+        (
+            client_id,
+            expiry,
+            _wall(expires_at, offset),
+            protocol,
+            encode_will(will) if will is not None else None,
+            _wall(will_due, offset),
+        ),
+    )
+
+
+def _session_end(db: sqlite3.Connection, op: Op, offset: float) -> None:
+    client_id = op[1]
+    for table in ("sessions", "subscriptions", "queue", "incoming_qos2"):
+        db.execute(f"DELETE FROM {table} WHERE client_id = ?", (client_id,))
+
+
+def _subscribe(db: sqlite3.Connection, op: Op, offset: float) -> None:
+    _, client_id, key, flt, qos, no_local, rap, rh, ident, share = op
+    db.execute(
+        "INSERT OR REPLACE INTO subscriptions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (client_id, key, flt, qos, no_local, rap, rh, ident, share),
+    )
+
+
+def _unsubscribe(db: sqlite3.Connection, op: Op, offset: float) -> None:
+    db.execute("DELETE FROM subscriptions WHERE client_id = ? AND key = ?", (op[1], op[2]))
+
+
+def _message(db: sqlite3.Connection, op: Op, offset: float) -> None:
+    _, mid, topic, payload, qos, retain, props, origin, expiry, created = op
+    db.execute(
+        "INSERT OR REPLACE INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (mid, topic, payload, qos, retain, props, origin, expiry, created + offset),
+    )
+
+
+def _message_gone(db: sqlite3.Connection, op: Op, offset: float) -> None:
+    db.execute("DELETE FROM messages WHERE id = ?", (op[1],))
+
+
+def _entry(db: sqlite3.Connection, op: Op, offset: float) -> None:
+    _, client_id, seq, mid, qos, retain, sub_ids, pid, state, share = op
+    db.execute(
+        "INSERT OR REPLACE INTO queue VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            client_id,
+            seq,
+            mid,
+            qos,
+            retain,
+            json.dumps(list(sub_ids)),
+            pid,
+            state,
+            json.dumps(list(share)) if share else None,
+        ),
+    )
+
+
+def _entry_state(db: sqlite3.Connection, op: Op, offset: float) -> None:
+    _, client_id, seq, pid, state = op
+    db.execute(
+        "UPDATE queue SET packet_id = ?, state = ? WHERE client_id = ? AND seq = ?",
+        (pid, state, client_id, seq),
+    )
+
+
+def _entry_done(db: sqlite3.Connection, op: Op, offset: float) -> None:
+    db.execute("DELETE FROM queue WHERE client_id = ? AND seq = ?", (op[1], op[2]))
+
+
+def _incoming(db: sqlite3.Connection, op: Op, offset: float) -> None:
+    db.execute("INSERT OR IGNORE INTO incoming_qos2 VALUES (?, ?)", (op[1], op[2]))
+
+
+def _incoming_done(db: sqlite3.Connection, op: Op, offset: float) -> None:
+    db.execute("DELETE FROM incoming_qos2 WHERE client_id = ? AND packet_id = ?", (op[1], op[2]))
+
+
+def _retain(db: sqlite3.Connection, op: Op, offset: float) -> None:
+    _, topic, payload, qos, props, origin, expiry, created = op
+    db.execute(
+        "INSERT OR REPLACE INTO retained VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (topic, payload, qos, props, origin, expiry, created + offset),
+    )
+
+
+def _unretain(db: sqlite3.Connection, op: Op, offset: float) -> None:
+    db.execute("DELETE FROM retained WHERE topic = ?", (op[1],))
+
+
+_APPLY: Final[dict[str, Callable[[sqlite3.Connection, Op, float], None]]] = {
+    "session": _session,
+    "session_end": _session_end,
+    "subscribe": _subscribe,
+    "unsubscribe": _unsubscribe,
+    "message": _message,
+    "message_gone": _message_gone,
+    "entry": _entry,
+    "entry_state": _entry_state,
+    "entry_done": _entry_done,
+    "incoming": _incoming,
+    "incoming_done": _incoming_done,
+    "retain": _retain,
+    "unretain": _unretain,
+}
