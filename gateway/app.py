@@ -86,6 +86,7 @@ class Gateway:
         self._stop = asyncio.Event()
         self._reloading: asyncio.Task[None] | None = None
         self.store: Store | None = None
+        self._write_failing = False
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -136,7 +137,9 @@ class Gateway:
             raise StartupError(str(exc)) from None
         assert self.broker is not None and self.server is not None
         restore(self.broker, snapshot, loop.time(), time.time())
-        store.start(loop.call_soon_threadsafe, self._committed, self._store_failed)
+        store.start(
+            loop.call_soon_threadsafe, self._committed, self._store_failed, self._store_fullness
+        )
         self.store = store
         self.server.after_core = self._seal
         log.info(
@@ -163,17 +166,30 @@ class Gateway:
     def _committed(self, upto: int) -> None:
         broker, server, store = self.broker, self.server, self.store
         assert broker is not None and server is not None and store is not None
-        if broker.store_full:
-            broker.store_full = False
-            log.warning("store writes again: QoS 1/2 messages for persistent sessions accepted")
+        if self._write_failing:
+            self._write_failing = False
+            log.warning("store writes again")
+        broker.store_full = store.full
         broker.batch_committed(upto)
         if server.reading_paused and store.backlog < STORE_BACKLOG_LOW:
             log.info("store caught up: reading from clients again")
             server.pause_reading(False)
         server.after_event()
 
+    def _store_fullness(self, full: bool) -> None:
+        assert self.broker is not None
+        if full:
+            log.error(
+                "store nearly full (store.max_bytes or the disk): refusing QoS 1/2 messages "
+                "for persistent sessions until there is room"
+            )
+        else:
+            log.warning("store has room again: QoS 1/2 messages for persistent sessions accepted")
+        self.broker.store_full = full or self._write_failing
+
     def _store_failed(self, error: str) -> None:
         assert self.broker is not None
+        self._write_failing = True
         if not self.broker.store_full:
             log.error(
                 "store cannot write (%s): refusing QoS 1/2 messages for persistent sessions "

@@ -216,6 +216,7 @@ class Broker:
                 conn.dropped,
             )
         self._cancel_connection_timers(conn)
+        conn.held = None
         self._detach(conn, now)
         conn.state = State.CLOSED
         conn.handle = None

@@ -160,6 +160,10 @@ def handle_publish(broker: Broker, conn: Connection, packet: Publish, now: float
         incoming = session.incoming_qos2
         if pid in incoming:
             # A re-sent QoS 2 PUBLISH: acknowledge again, do not route again (MQTT-4.3.3-9).
+            # The first PUBREC may still be waiting for its store batch: so must this one.
+            journal = broker.journal
+            if journal is not None and session.persisted:
+                journal.hold(conn)
             broker.send_bytes(conn, _ack(0x50, pid, 0, version))
             return
         if len(incoming) >= settings.receive_maximum and version == MQTT_5:
@@ -273,7 +277,10 @@ def handle_pubrec(broker: Broker, conn: Connection, packet: PubRec, now: float) 
         entry.state = AWAIT_COMP
         if journal is not None and session.persisted:
             journal.entry(session, entry)
-            journal.hold(conn)  # no PUBREL before the new state is stored
+    if journal is not None and session.persisted:
+        # No PUBREL before the PUBREC stage is stored (also for a repeated PUBREC: the
+        # first may still be waiting), or a restart would send the PUBLISH again.
+        journal.hold(conn)
     broker.send_bytes(conn, b"\x62\x02" + pid.to_bytes(2, "big"))
 
 
@@ -289,6 +296,12 @@ def handle_pubrel(broker: Broker, conn: Connection, packet: PubRel, now: float) 
             journal.hold(conn)  # no PUBCOMP before the identifier is released in the store
         broker.send_bytes(conn, b"\x70\x02" + pid.to_bytes(2, "big"))
     else:
+        # Unknown, or released by a change still waiting for the store: the PUBCOMP waits
+        # too, or after a restart the identifier would be known again while the client
+        # has already reused it for a new message.
+        journal = broker.journal
+        if journal is not None and session.persisted:
+            journal.hold(conn)
         code = ReasonCode.PACKET_IDENTIFIER_NOT_FOUND if conn.version == MQTT_5 else 0
         broker.send(conn, PubComp(pid, code))
 

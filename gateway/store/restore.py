@@ -108,8 +108,8 @@ def restore(broker: Broker, snapshot: Snapshot, now: float, wall_now: float) -> 
     result = Restored(len(snapshot.sessions), subscriptions, queued, inflight, len(broker.retained))
     if snapshot.sessions or snapshot.retained:
         log.info(
-            "restored %d sessions, %d subscriptions, %d queued and %d in-flight messages, "
-            "%d retained messages",
+            "restored %d session(s), %d subscription(s), %d queued and %d in-flight "
+            "message(s), %d retained message(s)",
             result.sessions,
             result.subscriptions,
             result.queued,

@@ -105,6 +105,14 @@ MIGRATIONS: Final[dict[int, tuple[str, ...]]] = {
 }
 
 
+#: The store stops taking new messages when less than this is free on its filesystem...
+RESERVE_FREE_BYTES: Final = 16 * 1024 * 1024
+#: ... or when it reaches this share of ``store.max_bytes``; it takes them again below
+#: the second share (hysteresis, so it does not flap).
+FULL_AT: Final = 0.90
+ROOM_AT: Final = 0.80
+
+
 class StoreError(Exception):
     """The store cannot be used; the message names the file and the way out."""
 
@@ -222,6 +230,8 @@ class Store:
         #: batch id committed, or with an error text when a commit failed.
         self._committed: Callable[[int], None] | None = None
         self._failed: Callable[[str], None] | None = None
+        self._fullness: Callable[[bool], None] | None = None
+        self.full = False
         self._schedule: Callable[..., Any] | None = None
         self.commits = 0
         self.ops_written = 0
@@ -401,12 +411,18 @@ class Store:
         schedule: Callable[..., Any],
         committed: Callable[[int], None],
         failed: Callable[[str], None],
+        fullness: Callable[[bool], None] | None = None,
     ) -> None:
         """Start the writer; ``schedule(fn, *args)`` runs ``fn`` on the event loop
-        (``loop.call_soon_threadsafe``)."""
+        (``loop.call_soon_threadsafe``). ``fullness(True)`` says the store should take no
+        more (watermark reached), ``fullness(False)`` that it has room again."""
         self._schedule = schedule
         self._committed = committed
         self._failed = failed
+        self._fullness = fullness
+        self.full = self._is_full()
+        if self.full and fullness is not None:
+            schedule(fullness, True)
         self._thread = threading.Thread(target=self._run, name="ledge-store", daemon=True)
         self._thread.start()
 
@@ -485,6 +501,26 @@ class Store:
         self.ops_written += count
         if self._schedule is not None and self._committed is not None:
             self._schedule(self._committed, batches[-1][0])
+        full = self._is_full()
+        if full != self.full:
+            self.full = full
+            if self._schedule is not None and self._fullness is not None:
+                self._schedule(self._fullness, full)
+
+    def _is_full(self) -> bool:
+        """Watermarks: the share of ``max_bytes`` in use and the space left on the disk."""
+        db = self._db
+        assert db is not None
+        share = FULL_AT if not self.full else ROOM_AT
+        if self.settings.max_bytes:
+            pages = db.execute("PRAGMA page_count").fetchone()[0]
+            free_pages = db.execute("PRAGMA freelist_count").fetchone()[0]
+            page_size = db.execute("PRAGMA page_size").fetchone()[0]
+            if (pages - free_pages) * page_size >= share * self.settings.max_bytes:
+                return True
+        stat = os.statvfs(self.directory)
+        reserve = RESERVE_FREE_BYTES if not self.full else 2 * RESERVE_FREE_BYTES
+        return stat.f_bavail * stat.f_frsize < reserve
 
     def _apply(self, batches: list[tuple[int, list[Op], float]]) -> None:
         db = self._db

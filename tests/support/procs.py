@@ -40,8 +40,8 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
 class LedgeProcess:
     """``ledge run`` as a subprocess on a free loopback port; its log is kept."""
 
-    def __init__(self, *args: str, config: Path | None = None) -> None:
-        cmd = [sys.executable, "-m", "gateway", "run", "--listen", "127.0.0.1:0"]
+    def __init__(self, *args: str, config: Path | None = None, port: int = 0) -> None:
+        cmd = [sys.executable, "-m", "gateway", "run", "--listen", f"127.0.0.1:{port}"]
         if config is not None:
             cmd += ["--config", str(config)]
         cmd += list(args)
@@ -102,6 +102,17 @@ class LedgeProcess:
         if sig == signal.SIGTERM:
             self._terminated = True
         self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        """SIGKILL: the process gets no chance to write anything more."""
+        proc = self.proc
+        assert proc is not None
+        proc.kill()
+        proc.wait(10)
+        if self._reader is not None:
+            self._reader.join(5)
+        if proc.stderr is not None:
+            proc.stderr.close()
 
     def stop(self, timeout: float = 10.0) -> int:
         """SIGTERM (unless already sent), then wait; returns the exit code."""

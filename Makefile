@@ -1,0 +1,20 @@
+# Convenience targets; each sets up what it needs first (scripts/setup).
+ITERATIONS ?= 200
+
+.PHONY: run test bench bench-quick crash-test
+
+run:            ## start the gateway on the embedded default config
+	scripts/run
+
+test:           ## the whole test suite (what CI runs)
+	scripts/test
+
+bench:          ## Ledge beside Mosquitto, all scenarios (~10 min)
+	scripts/bench
+
+bench-quick:    ## one-minute smoke run of the benchmark
+	scripts/bench --quick
+
+crash-test:     ## kill -9 Ledge ITERATIONS times under QoS 1/2 load and check nothing acknowledged is lost
+	scripts/setup --test
+	.venv/bin/python -m tests.support.crash --iterations $(ITERATIONS)
