@@ -200,7 +200,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for rnd in range(1, rounds + 1):
             for scen in scenarios:
-                kinds = [b for b in brokers if scen.with_relay or b != "relay"]
+                kinds = [
+                    b
+                    for b in brokers
+                    if (scen.with_relay or b != "relay") and (scen.only is None or b in scen.only)
+                ]
                 if not kinds:
                     continue
                 shift = (rnd - 1) % len(kinds)

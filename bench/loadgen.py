@@ -221,7 +221,11 @@ async def role_sub(params: Params, control: Control) -> None:
     shape = mqtt.Shape(sample)
     conns: list[dict[str, Any]] = params["conns"]
     hellos = [
-        mqtt.connect(c["client_id"], int(params.get("keepalive", 600)))
+        mqtt.connect(
+            c["client_id"],
+            int(params.get("keepalive", 600)),
+            clean_session=bool(c.get("clean_session", True)),
+        )
         + mqtt.subscribe(1, [(f, int(q)) for f, q in c["filters"]])
         for c in conns
     ]

@@ -152,6 +152,17 @@ def raise_nofile(target: int) -> tuple[int, str]:
 # ---------------------------------------------------------------- /proc readings
 
 
+def write_bytes(pid: int) -> int | None:
+    """Bytes the process caused to be written to storage (``/proc/PID/io``)."""
+    try:
+        for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+            if line.startswith("write_bytes:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
 def rss_kib(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -249,11 +260,18 @@ class Broker:
 
     def command(self, max_connections: int, default_config: bool) -> list[str]:
         port = self.port
-        if self.kind == "ledge":
+        if self.kind.startswith("ledge"):
+            # "ledge" keeps everything in memory; "ledge-power" / "ledge-process" run with
+            # a store under a fresh data directory and that durability setting.
             cmd = [sys.executable, "-m", "gateway", "run", "--listen", f"127.0.0.1:{port}"]
             if not default_config:
                 conf = self.workdir / f"{self.label}.toml"
-                conf.write_text(f"[broker]\nmax_connections = {max(1024, max_connections)}\n")
+                text = f"[broker]\nmax_connections = {max(1024, max_connections)}\n"
+                if self.kind != "ledge":
+                    durability = self.kind.removeprefix("ledge-")
+                    text += f'[store]\ndurability = "{durability}"\n'
+                    cmd += ["--data-dir", str(self.workdir / f"{self.label}-data")]
+                conf.write_text(text)
                 cmd += ["--config", str(conf)]
             return [*cmd, "--log-level", "warning"]
         if self.kind == "mosquitto":

@@ -38,12 +38,31 @@ def summarize(outcomes: Sequence[Outcome]) -> dict[str, dict[str, dict[str, Any]
                 "drops": _median(r.drops for r in ok),
                 "errors": [r.error for r in runs if r.error],
             }
-            for key in ("p50_ms", "p99_ms", "p999_ms", "kib_per_conn", "accept_ms", "broker_cpu"):
+            for key in (
+                "p50_ms",
+                "p99_ms",
+                "p999_ms",
+                "kib_per_conn",
+                "accept_ms",
+                "broker_cpu",
+                *PERSIST_KEYS,
+            ):
                 value = _median(r.details.get(key) for r in ok)
                 if value is not None:
                     entry[key] = value
             summary[scenario][broker] = entry
     return summary
+
+
+PERSIST_KEYS = (
+    "memory_msgs",
+    "process_msgs",
+    "power_msgs",
+    "process_ratio",
+    "power_ratio",
+    "process_bytes_per_1000",
+    "power_bytes_per_1000",
+)
 
 
 def fmt_rate(v: float | None) -> str:
@@ -192,6 +211,21 @@ def details(
             if b == "relay":
                 per = "-"  # the relay keeps no session state: not comparable
             rows.append([label, idle_rss, accept, per])
+        out.append(_render(rows))
+    persist = summary.get("persist", {}).get("ledge")
+    if persist and persist["ok_runs"] and "memory_msgs" in persist:
+        rows = [["QoS 1 into a persistent session", "msg/s", "x memory", "bytes written / 1,000"]]
+        rows.append(["Ledge, in memory", fmt_rate(persist["memory_msgs"]), "1.00", "-"])
+        for variant in ("process", "power"):
+            written = persist.get(f"{variant}_bytes_per_1000")
+            rows.append(
+                [
+                    f'Ledge, store.durability = "{variant}"',
+                    fmt_rate(persist.get(f"{variant}_msgs")),
+                    f"{persist.get(f'{variant}_ratio', 0.0):.2f}",
+                    "-" if written is None else f"{written / 1024:.0f} KiB",
+                ]
+            )
         out.append(_render(rows))
     return "\n\n".join(out)
 

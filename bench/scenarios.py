@@ -28,6 +28,7 @@ from bench.procs import (
     kill_all,
     rss_kib,
     tail,
+    write_bytes,
 )
 
 PAYLOAD = 64
@@ -104,6 +105,8 @@ class Scenario:
     title: str
     with_relay: bool
     run: Callable[[Settings, str, int], Outcome]
+    #: The brokers it applies to (None: all).
+    only: tuple[str, ...] | None = None
 
 
 # ---------------------------------------------------------------- the load harness
@@ -120,6 +123,7 @@ class Measured:
     busy: dict[int, float]
     loadgen_cpu: dict[str, float]
     notes: list[str]
+    written: int | None = None  # bytes the broker wrote to storage during the window
 
 
 def _common(settings: Settings, broker: Broker) -> dict[str, Any]:
@@ -161,6 +165,7 @@ def measure(
     sampler: RssSampler | None = None
     notes: list[str] = []
     cpu0 = cpu1 = None
+    written0 = written1 = None
     cores0: dict[int, tuple[int, int]] = {}
     cores1: dict[int, tuple[int, int]] = {}
     gen_cpu: dict[str, float] = {}
@@ -193,10 +198,12 @@ def measure(
         for g in gens:
             g.send(f"GO {t0!r} {t1!r}")
         _sleep_until(t0)
+        written0 = write_bytes(broker.pid)
         cpu0, cores0 = cpu_seconds(broker.pid), core_times()
         gen0 = [cpu_seconds(g.proc.pid) for g in gens]
         _sleep_until(t1)
         cpu1, cores1 = cpu_seconds(broker.pid), core_times()
+        written1 = write_bytes(broker.pid)
         gen1 = [cpu_seconds(g.proc.pid) for g in gens]
         for g, a, b in zip(gens, gen0, gen1, strict=True):
             if a is not None and b is not None:
@@ -221,7 +228,11 @@ def measure(
     broker_cpu = None
     if cpu0 is not None and cpu1 is not None:
         broker_cpu = (cpu1 - cpu0) / settings.duration
+    written = None
+    if written0 is not None and written1 is not None:
+        written = written1 - written0
     return Measured(
+        written=written,
         subs=sub_results,
         pubs=pub_results,
         seconds=settings.duration,
@@ -359,6 +370,56 @@ def run_qos1(settings: Settings, kind: str, rnd: int) -> Outcome:
         out.notes.append(f"{pub['unacked']} QoS 1 message(s) never acknowledged to the publisher")
     if pub["unknown_acks"]:
         out.notes.append(f"{pub['unknown_acks']} PUBACK(s) for packet ids not in flight")
+    return out
+
+
+def run_persist(settings: Settings, kind: str, rnd: int) -> Outcome:
+    """QoS 1 into a persistent session: Ledge in memory, then with its store under both
+    durability settings, in one run. The figure is the power-safe rate; the details hold
+    all three, their ratios to memory, and bytes written per 1,000 messages."""
+    if kind != "ledge":
+        raise BenchError("the persist scenario measures Ledge's own store")
+    conns = [{"client_id": "bench-ps-sub", "filters": [["bench/ps", 1]], "clean_session": False}]
+    pubs = [
+        {
+            "mode": "qos1",
+            "client_id": "bench-ps-pub",
+            "topic": "bench/ps",
+            "payload": PAYLOAD,
+            "window": settings.qos1_window,
+        }
+    ]
+    rates: dict[str, float] = {}
+    written: dict[str, float | None] = {}
+    notes: list[str] = []
+    last: Measured | None = None
+    for variant in ("ledge", "ledge-process", "ledge-power"):
+        subs = [_sub(conns, "bench/ps", settings, "qos1")]
+        m = measure(settings, variant, _label(f"persist-{variant}", kind, rnd), subs, pubs, 2)
+        last = m
+        notes.extend(m.notes)
+        received = int(m.subs[0]["window"])
+        rates[variant] = received / m.seconds
+        lost = int(m.pubs[0]["acked"]) - int(m.subs[0]["total"])
+        if lost:
+            notes.append(f"{variant}: {lost} acknowledged message(s) not received")
+        written[variant] = (
+            None if m.written is None or not received else m.written * 1000 / received
+        )
+    assert last is not None
+    out = _outcome("persist", kind, rnd, "msg/s", last)
+    out.notes = notes
+    out.figure = rates["ledge-power"]
+    memory = rates["ledge"] or 1.0
+    out.details.update(
+        memory_msgs=rates["ledge"],
+        process_msgs=rates["ledge-process"],
+        power_msgs=rates["ledge-power"],
+        process_ratio=rates["ledge-process"] / memory,
+        power_ratio=rates["ledge-power"] / memory,
+        process_bytes_per_1000=written["ledge-process"],
+        power_bytes_per_1000=written["ledge-power"],
+    )
     return out
 
 
@@ -682,6 +743,15 @@ SCENARIOS: dict[str, Scenario] = {
             "fan-out", "deliveries/s", True, "1 publisher -> N subscribers", True, run_fan_out
         ),
         Scenario("qos1", "msg/s", True, "QoS 1, 100 in flight, acked", True, run_qos1),
+        Scenario(
+            "persist",
+            "msg/s",
+            True,
+            "QoS 1 into a persistent session, stored",
+            False,
+            run_persist,
+            only=("ledge",),
+        ),
         Scenario(
             "filters", "deliveries/s", True, "10,000 subscriptions, 1,000 topics", True, run_filters
         ),

@@ -528,8 +528,11 @@ class Store:
         db.execute("BEGIN IMMEDIATE")
         try:
             for _batch_id, ops, offset in batches:
-                for op in ops:
-                    _APPLY[op[0]](db, op, offset)
+                if any(op[0] in _ORDER_SENSITIVE for op in ops):
+                    for op in ops:
+                        _APPLY[op[0]](db, op, offset)
+                else:
+                    _apply_grouped(db, ops, offset)
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:  # SQLite rolls back by itself on some errors (SQLITE_FULL)
@@ -655,3 +658,72 @@ _APPLY: Final[dict[str, Callable[[sqlite3.Connection, Op, float], None]]] = {
     "retain": _retain,
     "unretain": _unretain,
 }
+
+#: Operations whose place in the sequence matters beyond their own rows (a session end
+#: deletes every row of a client). A batch holding one is applied op by op.
+_ORDER_SENSITIVE: Final = frozenset({"session", "session_end", "subscribe", "unsubscribe"})
+
+#: The message-flow operations, grouped per kind and applied with executemany in this
+#: order. Safe: message ids and queue seqs are never reused within a batch, so every
+#: insert of a row precedes its update and its delete.
+_GROUPED: Final = (
+    ("message", "INSERT OR REPLACE INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"),
+    ("entry", "INSERT OR REPLACE INTO queue VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"),
+    ("entry_state", "UPDATE queue SET packet_id = ?, state = ? WHERE client_id = ? AND seq = ?"),
+    ("entry_done", "DELETE FROM queue WHERE client_id = ? AND seq = ?"),
+    ("message_gone", "DELETE FROM messages WHERE id = ?"),
+    ("retain", "INSERT OR REPLACE INTO retained VALUES (?, ?, ?, ?, ?, ?, ?)"),
+    ("unretain", "DELETE FROM retained WHERE topic = ?"),
+)
+
+
+def _rows(op: Op, offset: float) -> tuple[Any, ...]:
+    kind = op[0]
+    if kind == "message":
+        _, mid, topic, payload, qos, retain, props, origin, expiry, created = op
+        return (mid, topic, payload, qos, retain, props, origin, expiry, created + offset)
+    if kind == "entry":
+        _, client_id, seq, mid, qos, retain, sub_ids, pid, state, share = op
+        return (
+            client_id,
+            seq,
+            mid,
+            qos,
+            retain,
+            json.dumps(list(sub_ids)),
+            pid,
+            state,
+            json.dumps(list(share)) if share else None,
+        )
+    if kind == "entry_state":
+        _, client_id, seq, pid, state = op
+        return (pid, state, client_id, seq)
+    if kind == "entry_done":
+        return (op[1], op[2])
+    if kind == "message_gone":
+        return (op[1],)
+    if kind == "retain":
+        _, topic, payload, qos, props, origin, expiry, created = op
+        return (topic, payload, qos, props, origin, expiry, created + offset)
+    return (op[1],)  # unretain
+
+
+def _apply_grouped(db: sqlite3.Connection, ops: list[Op], offset: float) -> None:
+    """Apply a batch of message-flow operations with one executemany per kind.
+
+    The incoming-QoS-2 operations keep their relative order among themselves (a packet
+    id can be added, released and added again within one batch)."""
+    groups: dict[str, list[tuple[Any, ...]]] = {}
+    incoming: list[Op] = []
+    for op in ops:
+        kind = op[0]
+        if kind in ("incoming", "incoming_done"):
+            incoming.append(op)
+        else:
+            groups.setdefault(kind, []).append(_rows(op, offset))
+    for kind, sql in _GROUPED:
+        rows = groups.get(kind)
+        if rows:
+            db.executemany(sql, rows)
+    for op in incoming:
+        _APPLY[op[0]](db, op, offset)
