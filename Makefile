@@ -1,7 +1,7 @@
 # Convenience targets; each sets up what it needs first (scripts/setup).
 ITERATIONS ?= 200
 
-.PHONY: run test bench bench-quick crash-test
+.PHONY: run test bench bench-quick bench-serial crash-test
 
 run:            ## start the gateway on the embedded default config
 	scripts/run
@@ -18,3 +18,7 @@ bench-quick:    ## one-minute smoke run of the benchmark
 crash-test:     ## kill -9 Ledge ITERATIONS times under QoS 1/2 load and check nothing acknowledged is lost
 	scripts/setup --test
 	.venv/bin/python -m tests.support.crash --iterations $(ITERATIONS)
+
+bench-serial:   ## sustained line rate of one serial device (a pty) into Ledge, CPU per reading
+	scripts/setup --test
+	.venv/bin/python -m bench.serial

@@ -244,10 +244,12 @@ class RssSampler:
 class Broker:
     """One broker process on a fresh loopback port."""
 
-    def __init__(self, kind: str, workdir: Path, label: str) -> None:
+    def __init__(self, kind: str, workdir: Path, label: str, extra_config: str = "") -> None:
         self.kind = kind
         self.workdir = workdir
         self.label = label
+        #: TOML appended to a Ledge broker's config (e.g. ``[[serial]]`` devices).
+        self.extra_config = extra_config
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / f"{label}.log"
@@ -271,7 +273,7 @@ class Broker:
                     durability = self.kind.removeprefix("ledge-")
                     text += f'[store]\ndurability = "{durability}"\n'
                     cmd += ["--data-dir", str(self.workdir / f"{self.label}-data")]
-                conf.write_text(text)
+                conf.write_text(text + self.extra_config)
                 cmd += ["--config", str(conf)]
             return [*cmd, "--log-level", "warning"]
         if self.kind == "mosquitto":

@@ -33,7 +33,9 @@ from gateway.runtime import (
 )
 
 if TYPE_CHECKING:
+    from gateway.sensors import SensorHub
     from gateway.store.sqlite import Store
+    from gateway.taps import TapPlane
 
 log = logging.getLogger("ledge")
 
@@ -87,6 +89,8 @@ class Gateway:
         self._reloading: asyncio.Task[None] | None = None
         self.store: Store | None = None
         self._write_failing = False
+        self.sensors: SensorHub | None = None
+        self.taps: TapPlane | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -115,6 +119,7 @@ class Gateway:
                     config.config_path or "<command line>",
                     [f"listeners[{i}]: cannot listen on {where}: {exc.strerror}"],
                 ) from None
+        self._start_sensors_and_taps(loop)
         release_free_memory()
         log.info(
             "ledge %s started (pid %d, event loop %s)",
@@ -122,6 +127,36 @@ class Gateway:
             os.getpid(),
             type(loop).__module__.split(".")[0],
         )
+
+    # ------------------------------------------------------------------ sensors, taps
+
+    def _start_sensors_and_taps(self, loop: asyncio.AbstractEventLoop) -> None:
+        assert self.broker is not None and self.server is not None
+        server = self.server
+        config = self.config
+        if config.sensors.serial or config.sensors.homeassistant:
+            # Imported here: a gateway without sensors never loads the drivers.
+            from gateway.sensors import SensorHub
+
+            self.sensors = SensorHub(self.broker, config.sensors, loop.time, server.after_event)
+            self.sensors.start()
+        if config.taps.module is not None:
+            from gateway import taps
+
+            try:
+                taps.load_module(config.taps.module)
+            except Exception as exc:
+                raise StartupError(f"taps.module {config.taps.module!r}: {exc}") from exc
+            if not taps.REGISTRY:
+                log.warning("taps.module %s declares no @on_message tap", config.taps.module)
+            self.taps = taps.TapPlane(
+                self.broker,
+                loop.time,
+                server.after_event,
+                list(taps.REGISTRY),
+                config.taps.queue_size,
+            )
+            self.taps.start()
 
     # ------------------------------------------------------------------ store
 
@@ -205,6 +240,10 @@ class Gateway:
         await self._stop.wait()
 
     async def close(self) -> None:
+        if self.sensors is not None:
+            await self.sensors.stop()
+        if self.taps is not None:
+            await self.taps.stop()
         server, broker, store = self.server, self.broker, self.store
         if server is not None:
             log.info("shutting down")

@@ -8,6 +8,7 @@ config: one listener on 127.0.0.1:1883, anonymous clients allowed. Options marke
 from __future__ import annotations
 
 import re
+import socket
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,15 @@ from gateway.broker.settings import NEVER_EXPIRES, BrokerSettings
 from gateway.mqtt.reason_codes import ReasonCode
 from gateway.mqtt.topics import filter_error
 from gateway.mqtt.wire import VARINT_MAX
-from gateway.runtime import ConfigError, ListenerSettings, RuntimeConfig
+from gateway.runtime import (
+    ConfigError,
+    FieldSettings,
+    ListenerSettings,
+    RuntimeConfig,
+    SensorSettings,
+    SerialSettings,
+    TapSettings,
+)
 from gateway.store.settings import StoreSettings
 
 
@@ -94,6 +103,78 @@ class BrokerConfig(_Model):
         return value
 
 
+def default_gateway_id() -> str:
+    """The host name, made safe for a topic level."""
+    name = socket.gethostname().split(".")[0] or "ledge"
+    return re.sub(r"[^A-Za-z0-9_-]", "_", name)
+
+
+class GatewayConfig(_Model):
+    id: str = Field(default_factory=default_gateway_id, json_schema_extra=_reload(False))
+
+    @field_validator("id")
+    @classmethod
+    def _topic_level(cls, value: str) -> str:
+        if not value or set(value) & set("/+#$ \x00"):
+            raise ValueError("must be non-empty without '/', '+', '#', '$' or spaces")
+        return value
+
+
+class ReadingsConfig(_Model):
+    topic_prefix: str = Field("ledge", min_length=1, json_schema_extra=_reload(False))
+    payload: Literal["json", "value"] = Field("json", json_schema_extra=_reload(False))
+    qos: int = Field(0, ge=0, le=2, json_schema_extra=_reload(False))
+    retain: bool = Field(False, json_schema_extra=_reload(False))
+
+
+class FieldConfig(_Model):
+    quantity: str = Field(min_length=1)
+    unit: str | None = None
+    scale: float = 1.0
+    offset: float = 0.0
+
+
+class SerialConfig(_Model):
+    name: str = Field(min_length=1, json_schema_extra=_reload(False))
+    path: str = Field(min_length=1, json_schema_extra=_reload(False))
+    protocol: Literal["nmea", "jsonl", "kv"] = Field("jsonl", json_schema_extra=_reload(False))
+    baudrate: int = Field(9600, gt=0, json_schema_extra=_reload(False))
+    bytesize: Literal[5, 6, 7, 8] = Field(8, json_schema_extra=_reload(False))
+    parity: Literal["none", "even", "odd", "mark", "space"] = Field(
+        "none", json_schema_extra=_reload(False)
+    )
+    stopbits: float = Field(1, json_schema_extra=_reload(False))
+    max_line: int = Field(1024, ge=16, le=1_048_576, json_schema_extra=_reload(False))
+    fields: dict[str, FieldConfig] = Field(default_factory=dict, json_schema_extra=_reload(False))
+    only_mapped: bool = Field(False, json_schema_extra=_reload(False))
+    commands: bool = Field(False, json_schema_extra=_reload(False))
+    command_newline: str = Field("\n", json_schema_extra=_reload(False))
+
+    @field_validator("name")
+    @classmethod
+    def _topic_level(cls, value: str) -> str:
+        if set(value) & set("/+#$ \x00"):
+            raise ValueError("must not contain '/', '+', '#', '$' or spaces (it is a topic level)")
+        return value
+
+    @field_validator("stopbits")
+    @classmethod
+    def _stopbits(cls, value: float) -> float:
+        if value not in (1, 1.5, 2):
+            raise ValueError("must be 1, 1.5 or 2")
+        return value
+
+
+class HomeAssistantConfig(_Model):
+    enabled: bool = Field(False, json_schema_extra=_reload(False))
+    discovery_prefix: str = Field("homeassistant", min_length=1, json_schema_extra=_reload(False))
+
+
+class TapsConfig(_Model):
+    module: str | None = Field(None, json_schema_extra=_reload(False))
+    queue_size: int = Field(1000, ge=1, json_schema_extra=_reload(False))
+
+
 class StoreConfig(_Model):
     durability: Literal["power", "process"] = Field("power", json_schema_extra=_reload(False))
     on_corrupt: Literal["refuse", "move-aside"] = Field("refuse", json_schema_extra=_reload(False))
@@ -118,6 +199,21 @@ class Config(_Model):
     data_dir: Path | None = Field(None, json_schema_extra=_reload(False))
     broker: BrokerConfig = Field(default_factory=BrokerConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    readings: ReadingsConfig = Field(default_factory=ReadingsConfig)
+    serial: list[SerialConfig] = Field(default_factory=list, json_schema_extra=_reload(False))
+    homeassistant: HomeAssistantConfig = Field(default_factory=HomeAssistantConfig)
+    taps: TapsConfig = Field(default_factory=TapsConfig)
+
+    @field_validator("serial")
+    @classmethod
+    def _unique_names(cls, value: list[SerialConfig]) -> list[SerialConfig]:
+        names = [s.name for s in value]
+        for name in names:
+            if names.count(name) > 1:
+                raise ValueError(f"two serial devices are named {name!r}")
+        return value
+
     auth: AuthConfig = Field(default_factory=AuthConfig)
     log: LogConfig = Field(default_factory=LogConfig)
 
@@ -133,6 +229,27 @@ class Config(_Model):
             log_level=self.log.level,
             data_dir=None if self.data_dir is None else str(self.data_dir),
             store=StoreSettings(self.store.durability, self.store.on_corrupt, self.store.max_bytes),
+            sensors=SensorSettings(
+                gateway=self.gateway.id,
+                prefix=self.readings.topic_prefix,
+                plain_payload=self.readings.payload == "value",
+                qos=self.readings.qos,
+                retain=self.readings.retain,
+                serial=tuple(
+                    SerialSettings(
+                        **{
+                            **s.model_dump(),
+                            "fields": {
+                                k: FieldSettings(**f.model_dump()) for k, f in s.fields.items()
+                            },
+                        }
+                    )
+                    for s in self.serial
+                ),
+                homeassistant=self.homeassistant.enabled,
+                discovery_prefix=self.homeassistant.discovery_prefix,
+            ),
+            taps=TapSettings(self.taps.module, self.taps.queue_size),
             config_path=None if path is None else str(path),
             override_args=overrides.args() if overrides is not None else (),
             reloadable=tuple(name for name, yes in reloadable_fields(BrokerConfig).items() if yes),

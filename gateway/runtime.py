@@ -42,6 +42,48 @@ class ListenerSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class FieldSettings:
+    quantity: str
+    unit: str | None = None
+    scale: float = 1.0
+    offset: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class SerialSettings:
+    name: str
+    path: str
+    protocol: str = "jsonl"
+    baudrate: int = 9600
+    bytesize: int = 8
+    parity: str = "none"
+    stopbits: float = 1
+    max_line: int = 1024
+    fields: dict[str, FieldSettings] = field(default_factory=dict)
+    only_mapped: bool = False
+    commands: bool = False
+    command_newline: str = "\n"
+
+
+@dataclass(frozen=True, slots=True)
+class SensorSettings:
+    gateway: str
+    prefix: str = "ledge"
+    plain_payload: bool = False
+    qos: int = 0
+    retain: bool = False
+    serial: tuple[SerialSettings, ...] = ()
+    homeassistant: bool = False
+    discovery_prefix: str = "homeassistant"
+
+
+@dataclass(frozen=True, slots=True)
+class TapSettings:
+    module: str | None = None
+    queue_size: int = 1000
+
+
+@dataclass(frozen=True, slots=True)
 class RuntimeConfig:
     """Everything the gateway process needs, already validated."""
 
@@ -52,6 +94,8 @@ class RuntimeConfig:
     log_level: str = "info"
     data_dir: str | None = None
     store: StoreSettings = field(default_factory=StoreSettings)
+    sensors: SensorSettings = field(default_factory=lambda: SensorSettings("ledge"))
+    taps: TapSettings = field(default_factory=TapSettings)
     #: The file the config came from (None: the embedded default) ...
     config_path: str | None = None
     #: ... and the command-line flags that override it, re-applied on reload.
@@ -76,10 +120,25 @@ class RuntimeConfig:
             log_level=data["log_level"],
             data_dir=data["data_dir"],
             store=StoreSettings(**data["store"]),
+            sensors=_sensor_settings(data["sensors"]),
+            taps=TapSettings(**data["taps"]),
             config_path=data["config_path"],
             override_args=tuple(data["override_args"]),
             reloadable=tuple(data["reloadable"]),
         )
+
+
+def _sensor_settings(data: dict[str, Any]) -> SensorSettings:
+    serial = tuple(
+        SerialSettings(
+            **{
+                **s,
+                "fields": {k: FieldSettings(**f) for k, f in s["fields"].items()},
+            }
+        )
+        for s in data["serial"]
+    )
+    return SensorSettings(**{**data, "serial": serial})
 
 
 def build_authenticator(

@@ -16,9 +16,14 @@ from gateway.config import (
     AuthConfig,
     BrokerConfig,
     Config,
+    GatewayConfig,
+    HomeAssistantConfig,
     ListenerConfig,
     LogConfig,
+    ReadingsConfig,
+    SerialConfig,
     StoreConfig,
+    TapsConfig,
     parse_config,
     parse_listen,
     reloadable_fields,
@@ -75,6 +80,11 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("[[listeners]]", ListenerConfig),
     ("[broker]", BrokerConfig),
     ("[store]", StoreConfig),
+    ("[gateway]", GatewayConfig),
+    ("[readings]", ReadingsConfig),
+    ("# [[serial]]", SerialConfig),
+    ("[homeassistant]", HomeAssistantConfig),
+    ("[taps]", TapsConfig),
     ("[auth]", AuthConfig),
     ("[log]", LogConfig),
 ]
@@ -93,7 +103,18 @@ def test_example_config_documents_every_option_and_its_reload(
     else:
         section = text[: text.index("\n[")]
     for name, reload in reloadable_fields(model).items():
-        if name in ("listeners", "broker", "store", "auth", "log"):
+        if name in (
+            "listeners",
+            "broker",
+            "store",
+            "auth",
+            "log",
+            "gateway",
+            "readings",
+            "serial",
+            "homeassistant",
+            "taps",
+        ):
             continue
         m = re.search(rf"^((?:#.*\n)+)#? ?{name} = ", section, re.M)
         assert m, f"{header or 'top level'}: option {name} is not documented"

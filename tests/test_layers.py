@@ -91,6 +91,52 @@ def test_no_layer_imports_to_its_right(layer: str) -> None:
                 assert target in allowed, f"{path} imports {module}"
 
 
+#: Driver modules that must stay pure: bytes in, readings out, no I/O and no clock.
+PURE_DRIVERS = [
+    "drivers/parsers",
+    "drivers/lines.py",
+    "drivers/mapping.py",
+    "drivers/model.py",
+    "drivers/homeassistant.py",
+]
+#: The one third-party package a pure driver module may use (for the Reading contract).
+DRIVER_THIRD_PARTY = {"pydantic"}
+
+
+def test_drivers_never_import_the_gateway() -> None:
+    """Drivers are reusable on their own (and by the pipeline): the gateway imports them."""
+    problems = [
+        f"{path.relative_to(REPO)} imports {module}"
+        for path in sorted((REPO / "drivers").rglob("*.py"))
+        for module in imports(path)
+        if module.split(".")[0] == "gateway"
+    ]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("where", PURE_DRIVERS)
+def test_driver_parsers_are_pure(where: str) -> None:
+    target = REPO / where
+    paths = sorted(target.rglob("*.py")) if target.is_dir() else [target]
+    assert paths
+    problems = []
+    for path in paths:
+        for module in imports(path):
+            top = module.split(".")[0]
+            if top in IMPURE_MODULES or top in {"serial", "os", "logging"}:
+                problems.append(f"{path.name} imports {module} (I/O or clock in a parser)")
+            elif top == "drivers":
+                if module == "drivers.serial" or module.startswith("drivers.serial."):
+                    problems.append(f"{path.name} imports {module} (a transport)")
+            elif (
+                top not in sys.stdlib_module_names
+                and top != "__future__"
+                and top not in DRIVER_THIRD_PARTY
+            ):
+                problems.append(f"{path.name} imports third-party {module}")
+    assert not problems, "\n".join(problems)
+
+
 def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
     """The walker itself must catch an import (so the tests above can fail)."""
     bad = tmp_path / "bad.py"

@@ -111,6 +111,9 @@ class Broker:
         self._client_id_factory = client_id_factory or _random_client_id
         self._loads = {name: LoadAverage() for name in _LOAD_COUNTERS}
         self._sys_last: dict[str, bytes] = {}
+        #: Other parts of the gateway (taps, sensors, bridges) adding ``$SYS`` values:
+        #: each returns topic -> value below ``$SYS/broker/``.
+        self.sys_sources: list[Callable[[], dict[str, str]]] = []
         if self.settings.sys_interval > 0:
             self.timers.at(now, self._sys_timer, None)
         self._handlers: dict[type, Handler] = {
@@ -638,6 +641,8 @@ class Broker:
             load.update(counters[name], now)
             for minutes, rate in load.rates.items():
                 values[f"{base}load/{name}/{minutes}min"] = f"{rate:.2f}"
+        for source in self.sys_sources:
+            values.update({base + k: v for k, v in source().items()})
         return values
 
     def publish_sys(self, now: float) -> None:
@@ -720,6 +725,11 @@ class Broker:
         now: float,
     ) -> None:
         """Hand one message to one session: send now, or queue under its bounds."""
+        sink = session.sink
+        if sink is not None:  # an in-process client
+            self.stats.publish_sent += 1
+            sink(msg, qos, retain, sub_ids)
+            return
         conn = session.conn
         if qos == 0:
             if conn is None:

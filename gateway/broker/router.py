@@ -57,7 +57,7 @@ class SharedGroup:
                 continue
             entry = self.members[client_id]
             conn = entry[0].conn
-            if conn is not None and conn.writable:
+            if (conn is not None and conn.writable) or entry[0].sink is not None:
                 self._next = start + step + 1
                 return entry
             if fallback is None:

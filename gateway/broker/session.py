@@ -8,6 +8,7 @@ client's Receive Maximum) and *queued* (not yet sent, bounded by count and bytes
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -91,6 +92,7 @@ class Session:
         "protocol_version",
         "queue",
         "queued_bytes",
+        "sink",
         "subscriptions",
         "will",
         "will_due",
@@ -118,6 +120,8 @@ class Session:
         self.connected_expiry_zero = False
         #: The store holds this session (it has an expiry interval above zero).
         self.persisted = False
+        #: For an in-process client: where its messages go (see gateway.broker.local).
+        self.sink: Callable[[Message, int, bool, tuple[int, ...]], None] | None = None
 
     def __repr__(self) -> str:
         return (

@@ -1,0 +1,224 @@
+"""The in-process client API and taps: no TCP, captures, a bounded plane."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from gateway import taps
+from gateway.broker.local import LocalClient
+from gateway.broker.message import Message
+from gateway.mqtt import MQTT_5
+from tests.support.clients import Paho
+from tests.support.harness import Harness
+from tests.support.procs import LedgeProcess
+from tests.support.wait import async_wait_for
+
+Got = list[tuple[str, bytes, int, bool, tuple[int, ...]]]
+
+
+def collector() -> tuple[Got, taps.Handler]:
+    got: Got = []
+
+    def sink(msg: Message, qos: int, retain: bool, sub_ids: tuple[int, ...]) -> None:
+        got.append((msg.topic, msg.payload, qos, retain, sub_ids))
+
+    return got, sink
+
+
+def test_local_client_receives_without_tcp_and_publishes_to_clients() -> None:
+    h = Harness()
+    got, sink = collector()
+    local = LocalClient(h.broker, "inproc", sink)  # type: ignore[arg-type]
+    local.subscribe("sensors/#", 1, h.now, identifier=7)
+    remote = h.client()
+    remote.connect("remote")
+    remote.subscribe("cmd/#", 1)
+    remote.publish("sensors/a", b"21.5", 1)
+    assert got == [("sensors/a", b"21.5", 1, False, (7,))]
+    assert local.publish("cmd/x", b"go", h.now, qos=1) == 1
+    [msg] = remote.publishes()
+    assert (msg.topic, msg.payload, msg.qos) == ("cmd/x", b"go", 1)
+
+
+def test_local_subscribe_gets_retained_and_honours_no_local() -> None:
+    h = Harness()
+    got, sink = collector()
+    local = LocalClient(h.broker, "inproc", sink)  # type: ignore[arg-type]
+    local.publish("state/own", b"mine", h.now, retain=True)
+    other = h.client()
+    other.connect("other")
+    other.publish("state/other", b"theirs", retain=True)
+    local.subscribe("state/#", 0, h.now, no_local=True)
+    assert [(t, p, r) for t, p, _q, r, _s in got] == [("state/other", b"theirs", True)]
+    local.publish("state/own", b"again", h.now)
+    assert len(got) == 1
+    assert local.unsubscribe("state/#") and not local.unsubscribe("state/#")
+
+
+def test_local_client_in_a_shared_group_with_a_network_client() -> None:
+    h = Harness()
+    got, sink = collector()
+    local = LocalClient(h.broker, "worker-local", sink)  # type: ignore[arg-type]
+    local.subscribe("$share/w/jobs", 1, h.now)
+    remote = h.client(MQTT_5)
+    remote.connect("worker-remote")
+    remote.subscribe("$share/w/jobs", 1)
+    pub = h.client()
+    pub.connect("pub")
+    for i in range(6):
+        pub.publish("jobs", b"%d" % i, 1)
+    assert len(got) == 3 and len(remote.publishes()) == 3
+
+
+def test_local_client_ids_do_not_collide_and_close_cleans_up() -> None:
+    h = Harness()
+    local = LocalClient(h.broker, "x")
+    with pytest.raises(ValueError, match="already in use"):
+        LocalClient(h.broker, "x")
+    with pytest.raises(ValueError):
+        local.subscribe("a/#/b")
+    with pytest.raises(ValueError):
+        local.publish("a/+", b"", h.now)
+    local.subscribe("a/b")
+    local.close(h.now)
+    assert "x" not in h.broker.sessions and h.broker.index.count == 0
+
+
+# --------------------------------------------------------------------------- taps
+
+
+@pytest.mark.parametrize(
+    ("pattern", "topic_filter", "captures"),
+    [
+        ("sensors/{device}/temperature", "sensors/+/temperature", ((1, "device"),)),
+        ("{site}/{device}/#", "+/+/#", ((0, "site"), (1, "device"))),
+        ("plain/topic", "plain/topic", ()),
+    ],
+)
+def test_tap_patterns(
+    pattern: str, topic_filter: str, captures: tuple[tuple[int, str], ...]
+) -> None:
+    assert taps.compile_pattern(pattern) == (topic_filter, captures)
+
+
+@pytest.mark.parametrize("bad", ["a/{x}y", "a/#/b", "{x}/{x}", "a/{x"])
+def test_bad_tap_patterns(bad: str) -> None:
+    with pytest.raises(ValueError):
+        taps.compile_pattern(bad)
+
+
+def test_tap_plane_runs_handlers_with_captures_and_survives_errors() -> None:
+    async def scenario() -> None:
+        h = Harness()
+        seen: list[tuple[str, str]] = []
+
+        async def temperature(message: taps.TapMessage, device: str) -> None:
+            seen.append((device, message.text))
+
+        def broken(message: taps.TapMessage) -> None:
+            raise RuntimeError("bug in user code")
+
+        plane = taps.TapPlane(
+            h.broker,
+            lambda: h.now,
+            lambda: None,
+            [
+                taps.Tap(
+                    "sensors/{device}/temperature",
+                    temperature,
+                    0,
+                    *taps.compile_pattern("sensors/{device}/temperature"),
+                ),
+                taps.Tap("sensors/#", broken, 0, *taps.compile_pattern("sensors/#")),
+            ],
+            queue_size=10,
+        )
+        plane.start()
+        try:
+            pub = h.client()
+            pub.connect("p")
+            pub.publish("sensors/kitchen/temperature", b"21.5")
+            pub.publish("sensors/cellar/temperature", b"12.0")
+            await async_wait_for(lambda: plane.stats.handled == 2 and plane.stats.failed == 2, 5)
+            assert seen == [("kitchen", "21.5"), ("cellar", "12.0")]
+        finally:
+            await plane.stop()
+
+    asyncio.run(scenario())
+
+
+def test_tap_queue_is_bounded_and_overflow_is_counted() -> None:
+    async def scenario() -> None:
+        h = Harness()
+        release = asyncio.Event()
+
+        async def slow(message: taps.TapMessage) -> None:
+            await release.wait()
+
+        plane = taps.TapPlane(
+            h.broker,
+            lambda: h.now,
+            lambda: None,
+            [taps.Tap("t", slow, 0, *taps.compile_pattern("t"))],
+            queue_size=5,
+        )
+        plane.start()
+        client = h.client()
+        client.connect("sub")
+        client.subscribe("t")
+        pub = h.client()
+        pub.connect("p")
+        await asyncio.sleep(0)  # let the worker start
+        for i in range(20):
+            pub.publish("t", b"%d" % i)
+        # clients got every message at once; the taps kept five and counted the rest
+        assert len(client.publishes()) == 20
+        assert plane.stats.dropped >= 14
+        assert len(plane.queue) <= 5
+        # the drops are in $SYS, next to the broker's own counters
+        values = h.broker.sys_values(h.now)
+        assert values["$SYS/broker/taps/dropped"] == str(plane.stats.dropped)
+        assert values["$SYS/broker/taps/waiting"] == str(len(plane.queue))
+        release.set()
+        await plane.stop()
+        assert "$SYS/broker/taps/dropped" not in h.broker.sys_values(h.now)
+
+    asyncio.run(scenario())
+
+
+def test_slow_tap_module_never_delays_clients(tmp_path: Path) -> None:
+    module = tmp_path / "slow_taps.py"
+    module.write_text(
+        "import asyncio\n"
+        "from gateway.taps import on_message, publish\n"
+        "@on_message('tele/{device}/temp')\n"
+        "async def mirror(message, device):\n"
+        "    await asyncio.sleep(0.5)\n"
+        "    publish(f'mirrored/{device}', message.payload)\n"
+    )
+    config = tmp_path / "c.toml"
+    config.write_text(f'[taps]\nmodule = "{module}"\nqueue_size = 4\n')
+    proc = LedgeProcess(config=config).start()
+    try:
+        proc.wait_log("1 tap\\(s\\) listening: tele/{device}/temp")
+        sub = Paho(proc.port, "fast-sub").connect()
+        sub.subscribe("tele/#", 0)
+        sub.subscribe("mirrored/#", 0)
+        pub = Paho(proc.port, "fast-pub").connect()
+        started = time.monotonic()
+        for i in range(50):
+            pub.publish("tele/boiler/temp", b"%d" % i, 1)
+        sub.wait_messages(50, 5)
+        assert time.monotonic() - started < 2.0  # the 0.5 s tap does not slow delivery
+        got = sub.wait_messages(51, 5)
+        mirrored = [m for m in got if m.topic == "mirrored/boiler"]
+        assert mirrored and mirrored[0].payload == b"0"
+        proc.wait_log(r"tap queue full \(4\)")
+        pub.disconnect()
+        sub.disconnect()
+    finally:
+        assert proc.stop() == 0
