@@ -15,13 +15,14 @@ or, with plain payloads, just the value as text (``47.2851``).
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import math
 from datetime import UTC, datetime
 from typing import Annotated, Any, Final
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 #: Characters a topic level built from a name may not contain.
 _FORBIDDEN = frozenset("/+#\x00")
@@ -40,6 +41,12 @@ def _check_name(value: str) -> str:
     if value.startswith("$"):
         raise ValueError(f"{value!r} starts with '$', which topic levels here may not")
     return value
+
+
+def _utc(value: datetime) -> datetime:
+    if value.tzinfo is None:
+        raise ValueError("timestamp must carry a time zone (use UTC)")
+    return value.astimezone(UTC)
 
 
 class Reading(BaseModel):
@@ -63,9 +70,7 @@ class Reading(BaseModel):
     @field_validator("timestamp")
     @classmethod
     def _aware(cls, value: datetime) -> datetime:
-        if value.tzinfo is None:
-            raise ValueError("timestamp must carry a time zone (use UTC)")
-        return value.astimezone(UTC)
+        return _utc(value)
 
     @field_validator("value")
     @classmethod
@@ -168,3 +173,95 @@ def reading_from_message(
 
 def now_utc() -> datetime:
     return datetime.now(UTC)
+
+
+# ---------------------------------------------------------------- upstream marks
+# What the cloud bridge adds to every message it sends upstream, so consumers can
+# deduplicate redeliveries exactly: the gateway's id and a per-gateway sequence
+# number that only grows (also across restarts).
+
+#: MQTT 5 user property holding the gateway id.
+GATEWAY_PROPERTY: Final = "ledge-gateway"
+#: MQTT 5 user property holding the sequence number (decimal text).
+SEQUENCE_PROPERTY: Final = "ledge-seq"
+
+
+def envelope(gateway: str, seq: int, payload: bytes) -> bytes:
+    """The JSON envelope for remotes without user properties (MQTT 3.1.1).
+
+    ``{"gateway": "gw1", "seq": 42, "payload": <the payload as JSON>}``; a payload that
+    is not JSON travels as ``"payload_base64"`` instead."""
+    head = f'{{"gateway":{json.dumps(gateway)},"seq":{int(seq)},'
+    try:
+        json.loads(payload)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return (head + f'"payload_base64":"{base64.b64encode(payload).decode()}"}}').encode()
+    return head.encode() + b'"payload":' + payload.strip() + b"}"
+
+
+def open_envelope(data: bytes) -> tuple[str, int, bytes]:
+    """``(gateway, seq, payload)`` from an envelope; ValueError naming what is wrong."""
+    try:
+        body = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"envelope is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ValueError("envelope is not a JSON object")
+    gateway, seq = body.get("gateway"), body.get("seq")
+    if not isinstance(gateway, str) or not isinstance(seq, int) or isinstance(seq, bool):
+        raise ValueError("envelope lacks a gateway (text) or seq (integer)")
+    if "payload" in body:
+        payload = json.dumps(body["payload"], separators=(",", ":"), ensure_ascii=False).encode()
+    elif isinstance(body.get("payload_base64"), str):
+        try:
+            payload = base64.b64decode(body["payload_base64"], validate=True)
+        except ValueError as exc:
+            raise ValueError(f"envelope payload_base64: {exc}") from None
+    else:
+        raise ValueError("envelope has neither payload nor payload_base64")
+    return gateway, seq, payload
+
+
+# ---------------------------------------------------------------- gateway health
+# Every gateway publishes <prefix>/<gateway>/health periodically (mirrored upstream
+# like any topic): what it dropped since its previous health message, and more.
+
+
+class Health(BaseModel):
+    """One health report of one gateway."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    timestamp: datetime
+    #: Messages dropped since the previous report, for any reason (queue bounds, slow
+    #: consumers, a full outbox...). Summing these over a span gives its drops.
+    dropped: int = Field(ge=0)
+    #: Messages waiting in the cloud bridges' outboxes.
+    queued: int = Field(0, ge=0)
+    uptime: float = Field(0.0, ge=0)
+
+    @field_validator("timestamp")
+    @classmethod
+    def _aware(cls, value: datetime) -> datetime:
+        return _utc(value)
+
+
+def health_topic(gateway: str, prefix: str = DEFAULT_PREFIX) -> str:
+    return f"{prefix}/{_check_name(gateway)}/health"
+
+
+def health_payload(health: Health) -> bytes:
+    return health.model_dump_json().encode()
+
+
+def health_from_message(
+    topic: str, payload: bytes, prefix: str = DEFAULT_PREFIX
+) -> tuple[str, Health]:
+    """``(gateway, health)``; ValueError naming what is wrong."""
+    levels = topic.split("/")
+    if len(levels) != 3 or levels[0] != prefix or levels[2] != "health":
+        raise ValueError(f"topic {topic!r} is not {prefix}/<gateway>/health")
+    try:
+        return levels[1], Health.model_validate_json(payload)
+    except ValidationError as exc:
+        raise ValueError(f"health payload: {exc.errors()[0]['msg']}") from None

@@ -12,7 +12,18 @@ from pydantic import ValidationError
 from drivers import homeassistant
 from drivers.lines import Garbage, Line, LineFramer
 from drivers.mapping import DeviceMap, FieldMap
-from drivers.model import Reading, reading_from_message, reading_payload, reading_topic
+from drivers.model import (
+    Health,
+    Reading,
+    envelope,
+    health_from_message,
+    health_payload,
+    health_topic,
+    open_envelope,
+    reading_from_message,
+    reading_payload,
+    reading_topic,
+)
 from drivers.parsers import ParseError, Sample, jsonl, kv, nmea, scalar
 
 T = datetime(2026, 11, 21, 10, 0, 0, 123456, tzinfo=UTC)
@@ -325,3 +336,40 @@ def test_payload_fast_path_gives_the_same_bytes_as_json() -> None:
             expected = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
             assert reading_payload(r) == expected
             assert reading_from_message("ledge/gw/sensor/d/q", expected)[1] == r
+
+
+@pytest.mark.parametrize(
+    "payload", [b'{"value":1,"unit":"\xc2\xb0C"}', b"21.5", b"[1,2]", b"\xff\x00", b"hello", b""]
+)
+def test_envelope_round_trip(payload: bytes) -> None:
+    gateway, seq, back = open_envelope(envelope("gw1", 2**40, payload))
+    assert (gateway, seq) == ("gw1", 2**40)
+    assert back == payload
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        (b"nope", "not JSON"),
+        (b"[1]", "not a JSON object"),
+        (b'{"gateway":"g","seq":"1","payload":1}', r"seq \(integer\)"),
+        (b'{"gateway":"g","seq":1}', "neither payload"),
+        (b'{"gateway":"g","seq":1,"payload_base64":"!!"}', "payload_base64"),
+    ],
+)
+def test_bad_envelopes_are_named(data: bytes, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        open_envelope(data)
+
+
+def test_health_round_trip_and_errors() -> None:
+    stamp = datetime(2026, 11, 21, 10, tzinfo=UTC)
+    h = Health(timestamp=stamp, dropped=3, queued=10, uptime=5.5)
+    assert health_topic("gw1") == "ledge/gw1/health"
+    assert health_from_message("ledge/gw1/health", health_payload(h)) == ("gw1", h)
+    with pytest.raises(ValueError, match="is not ledge/<gateway>/health"):
+        health_from_message("ledge/gw1/status", health_payload(h))
+    with pytest.raises(ValueError, match="health payload"):
+        health_from_message(
+            "ledge/gw1/health", b'{"timestamp":"2026-11-21T10:00:00Z","dropped":-1}'
+        )
