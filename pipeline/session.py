@@ -1,0 +1,106 @@
+"""The SparkSession: embedded (``local[*]``) by default, a cluster by configuration.
+
+- no options: ``local[*]`` in this process's JVM;
+- ``--master spark://host:7077`` (or ``yarn``, ``k8s://...``): that cluster;
+- under ``spark-submit``: whatever spark-submit was told (this code sets no master).
+
+The settings below are the pipeline's own (UTC, dynamic partition overwrite); ``--conf``
+values override them, so a cluster's tuning stays with the operator.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Final
+
+from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+#: Settings every run needs; the rules of the pipeline assume the first two.
+DEFAULTS: Final[dict[str, str]] = {
+    # Dates and hours in the tables are UTC whatever the machine's zone.
+    "spark.sql.session.timeZone": "UTC",
+    # Overwrite only the date partitions a run writes (idempotent re-runs).
+    "spark.sql.sources.partitionOverwriteMode": "dynamic",
+    # The pipeline prints its own progress (pipeline.progress), one line at a time.
+    "spark.ui.showConsoleProgress": "false",
+}
+#: A JVM that starts fast (for tests and short runs): C1 compiler only, serial GC.
+FAST_JVM: Final = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+LOG4J: Final = Path(__file__).with_name("log4j2.properties")
+
+
+def under_spark_submit() -> bool:
+    """True when spark-submit started this Python process (it chose the master)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def local_cores(master: str) -> int:
+    """The task slots of a ``local``, ``local[N]`` or ``local[*]`` master; 0 for a cluster."""
+    match = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\d+)?\])?", master)
+    if match is None:
+        return 0
+    count = match.group(1)
+    if count is None:
+        return 1
+    return os.cpu_count() or 1 if count == "*" else int(count)
+
+
+def parse_conf(pairs: Iterable[str]) -> dict[str, str]:
+    """``["k=v", ...]`` from ``--conf`` into a dict; ValueError naming a bad pair."""
+    conf: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--conf {pair!r} is not key=value")
+        conf[key.strip()] = value
+    return conf
+
+
+def settings(master: str | None, conf: Mapping[str, str], fast_jvm: bool = False) -> dict[str, str]:
+    """Every setting the session is built with (the master under ``spark.master``)."""
+    out = dict(DEFAULTS)
+    if master is not None:
+        out["spark.master"] = master
+    elif not under_spark_submit():
+        out["spark.master"] = "local[*]"
+    cores = local_cores(out.get("spark.master", ""))
+    if cores:
+        # A cached plan keeps its last shuffle's partition count (adaptive execution may not
+        # coalesce it), and 200 near-empty tasks per stage dominate a small local run.
+        out["spark.sql.shuffle.partitions"] = str(2 * cores)
+    java = [f"-Dlog4j2.configurationFile={LOG4J.as_uri()}"]
+    if fast_jvm:
+        java.append(FAST_JVM)
+    user_java = conf.get("spark.driver.extraJavaOptions")
+    if user_java:
+        java.append(user_java)
+    out["spark.driver.extraJavaOptions"] = " ".join(java)
+    out.update({k: v for k, v in conf.items() if k != "spark.driver.extraJavaOptions"})
+    return out
+
+
+def build(
+    master: str | None = None,
+    conf: Mapping[str, str] | None = None,
+    app_name: str = "ledge-pipeline",
+    fast_jvm: bool = False,
+) -> SparkSession:
+    """A SparkSession with the pipeline's settings (see the module docstring)."""
+    builder = SparkSession.builder.appName(app_name)
+    for key, value in settings(master, conf or {}, fast_jvm).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    log.info(
+        "spark %s on %s (%d cores for tasks)",
+        spark.version,
+        spark.sparkContext.master,
+        spark.sparkContext.defaultParallelism,
+    )
+    return spark
