@@ -1,0 +1,1 @@
+"""Pure transforms: Spark DataFrames in, DataFrames out; no reads, writes or clock."""

@@ -1,0 +1,92 @@
+"""Silver -> gold: per-sensor aggregates, gaps and per-gateway hourly health.
+
+Pure: DataFrames in, DataFrames out. Every output row has a ``date`` (UTC) so the job can
+overwrite exactly the dates it recomputed. Readings with implausible timestamps count in
+the gateway's health but not in sensor aggregates or gaps (their time is not known).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+from pipeline.config import PipelineConfig
+from pipeline.schema import FLEET_HEALTH, GAPS, SENSOR_AGGREGATE, conform
+
+SENSOR: Final = ("gateway", "driver", "device", "quantity")
+#: Bucket sizes of the sensor aggregates, as ``date_trunc`` units.
+BUCKETS: Final = ("minute", "hour")
+
+
+def sensor_aggregates(readings: DataFrame, bucket: str) -> DataFrame:
+    """Count, min, max and mean of each sensor's numeric readings per ``bucket``.
+
+    Booleans count as 0 and 1 (their mean is the share of time they were true); text
+    readings have no value and are left out."""
+    if bucket not in BUCKETS:
+        raise ValueError(f"bucket must be one of {BUCKETS}, not {bucket!r}")
+    start = F.date_trunc(bucket, "timestamp")
+    numeric = readings.where(~F.col("implausible") & F.col("value").isNotNull())
+    out = numeric.groupBy(*SENSOR, "unit", start.alias("start")).agg(
+        F.count("*").alias("count"),
+        F.min("value").alias("min"),
+        F.max("value").alias("max"),
+        F.avg("value").alias("mean"),
+    )
+    out = out.withColumn("date", F.to_date("start"))
+    return conform(out, SENSOR_AGGREGATE)
+
+
+def gaps(readings: DataFrame, cfg: PipelineConfig) -> DataFrame:
+    """Silences longer than ``cfg.gap`` between consecutive readings of one sensor.
+
+    A gap belongs to the date of the reading that ends it; pass the day before the first
+    recomputed date too, so a silence across midnight is found."""
+    order = Window.partitionBy(*SENSOR).orderBy("timestamp", "seq")
+    plausible = readings.where(~F.col("implausible"))
+    paired = plausible.select(
+        *SENSOR,
+        F.lag("timestamp").over(order).alias("start"),
+        F.col("timestamp").alias("end"),
+    )
+    seconds = (F.unix_micros("end") - F.unix_micros("start")) / 1e6
+    found = paired.where(seconds > cfg.gap.total_seconds()).select(
+        *SENSOR, "start", "end", seconds.alias("seconds"), F.to_date("end").alias("date")
+    )
+    return conform(found, GAPS)
+
+
+def _lag_seconds() -> Column:
+    return (F.unix_micros("received") - F.unix_micros("timestamp")) / 1e6
+
+
+def fleet_health(readings: DataFrame, health: DataFrame) -> DataFrame:
+    """Per gateway (as named in the topic) and UTC hour of the messages' timestamps:
+    message count and rate, device-to-cloud lag (mean, 95th percentile, max; plausible
+    timestamps only), redeliveries dropped, messages the gateway reported dropping and
+    its largest outbox backlog, and implausibly stamped messages. Implausible messages
+    are counted in the hour they were received."""
+    columns = ("gateway", "timestamp", "received", "copies", "implausible")
+    messages = readings.select(
+        *columns,
+        F.lit(None).cast("long").alias("dropped"),
+        F.lit(None).cast("long").alias("queued"),
+    ).unionByName(health.select(*columns, "dropped", "queued"))
+    at = F.when(F.col("implausible"), F.col("received")).otherwise(F.col("timestamp"))
+    lag = F.when(~F.col("implausible"), _lag_seconds())
+    hourly = messages.groupBy("gateway", F.date_trunc("hour", at).alias("hour")).agg(
+        F.count("*").alias("messages"),
+        F.avg(lag).alias("lag_mean"),
+        F.percentile(lag, F.lit(0.95)).alias("lag_p95"),
+        F.max(lag).alias("lag_max"),
+        F.sum(F.col("copies") - 1).alias("duplicates"),
+        F.coalesce(F.sum("dropped"), F.lit(0)).alias("dropped"),
+        F.coalesce(F.max("queued"), F.lit(0)).alias("queued_max"),
+        F.sum(F.col("implausible").cast("long")).alias("implausible"),
+    )
+    out = hourly.select(
+        "*", (F.col("messages") / 3600.0).alias("rate"), F.to_date("hour").alias("date")
+    )
+    return conform(out, FLEET_HEALTH)
