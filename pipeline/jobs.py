@@ -1,0 +1,371 @@
+"""The jobs: landing -> silver -> gold, re-runnable, overwriting only what they recompute.
+
+Which dates a run recomputes (``H`` = ``PipelineConfig.horizon_days``):
+
+- A silver row of day ``e`` arrived between day ``e - 1`` (a clock a little ahead) and
+  day ``e + H`` (later is quarantined as beyond the horizon). So silver for the days
+  ``[a, b]`` is complete once it is computed from the landing days ``[a - 1, b + H]``.
+- A regular run (``silver``, ``run``) recomputes ``[L - H, T + 1]``, where ``T`` is the
+  newest landing day and ``L`` the newest landing day of the previous run (kept in
+  ``_state/pipeline.json``; the first run starts from the oldest landing day). Every day a
+  new landing file could have changed is recomputed, whenever and however often it runs.
+- ``backfill --from A --to B`` recomputes exactly ``[A, B]``.
+- Quarantine (partitioned by landing day) is recomputed for the landing days ``[a, b + H]``.
+- Gold recomputes the days silver recomputed (kept as pending in the state until gold ran).
+
+Each table is written with dynamic partition overwrite: the recomputed days are replaced,
+every other day is left as it was; a recomputed day that is now empty is removed. The
+rules depend only on what was landed and on the configuration, so re-running gives the
+same tables.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import date, timedelta
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from pipeline.config import PipelineConfig
+from pipeline.progress import Progress
+from pipeline.schema import CORRUPT, HEALTH, LANDING, READINGS
+from pipeline.storage import Layout, Storage, partition_path
+from pipeline.transforms import gold as gold_t
+from pipeline.transforms import silver as silver_t
+
+log = logging.getLogger(__name__)
+DAY = timedelta(days=1)
+
+#: Gold tables and how each is computed from (readings, readings with the day before, health).
+GOLD_TABLES = ("sensor_minute", "sensor_hour", "gaps", "health")
+
+
+def days_between(first: date, last: date) -> list[date]:
+    return [first + DAY * i for i in range((last - first).days + 1)]
+
+
+def span(days: Iterable[date]) -> str:
+    ordered = sorted(days)
+    if not ordered:
+        return "no days"
+    if len(ordered) == 1:
+        return ordered[0].isoformat()
+    return f"{ordered[0]}..{ordered[-1]} ({len(ordered)} days)"
+
+
+# --------------------------------------------------------------------------------- state
+
+
+@dataclass
+class State:
+    """What the previous runs covered (``_state/pipeline.json``)."""
+
+    landing_through: date | None = None
+    gold_pending: set[date] = field(default_factory=set)
+
+    @classmethod
+    def load(cls, storage: Storage, layout: Layout) -> State:
+        raw = storage.read_json(layout.state)
+        if raw is None:
+            return cls()
+        through = raw.get("landing_through")
+        return cls(
+            date.fromisoformat(through) if through else None,
+            {date.fromisoformat(d) for d in raw.get("gold_pending", [])},
+        )
+
+    def save(self, storage: Storage, layout: Layout) -> None:
+        storage.write_json(
+            layout.state,
+            {
+                "landing_through": self.landing_through.isoformat()
+                if self.landing_through
+                else None,
+                "gold_pending": sorted(d.isoformat() for d in self.gold_pending),
+            },
+        )
+
+
+# ------------------------------------------------------------------------------ reading
+
+
+def read_landing(spark: SparkSession, layout: Layout, days: Iterable[date]) -> DataFrame:
+    """The landing lines of ``days`` with ``file`` and ``landing_date`` (the partition)."""
+    paths = [partition_path(layout.landing, d) for d in sorted(days)]
+    if not paths:
+        empty = T.StructType(
+            [
+                *LANDING.fields,
+                T.StructField("file", T.StringType()),
+                T.StructField("landing_date", T.DateType()),
+            ]
+        )
+        return spark.createDataFrame([], empty)
+    lines = (
+        spark.read.schema(LANDING)
+        .option("columnNameOfCorruptRecord", CORRUPT)
+        .option("basePath", layout.landing)
+        .json(paths)
+    )
+    return lines.select(
+        *LANDING.fieldNames(),
+        F.col("_metadata.file_path").alias("file"),
+        F.col("date").alias("landing_date"),
+    )
+
+
+def read_table(
+    spark: SparkSession, table: str, schema: T.StructType, days: Iterable[date], storage: Storage
+) -> DataFrame:
+    """The partitions of ``days`` that exist, with ``schema`` (empty if none exist)."""
+    present = set(storage.partition_dates(table))
+    paths = [partition_path(table, d) for d in sorted(set(days) & present)]
+    if not paths:
+        return spark.createDataFrame([], schema)
+    return spark.read.schema(schema).option("basePath", table).parquet(*paths)
+
+
+# ------------------------------------------------------------------------------ writing
+
+
+def replace_days(
+    storage: Storage, frame: DataFrame, table: str, days: set[date], present: set[date]
+) -> None:
+    """Make the ``days`` partitions of ``table`` exactly ``frame``'s rows of those days.
+
+    ``present`` are the days ``frame`` has rows for; other days keep their partitions."""
+    written = days & present
+    if written:
+        rows = frame.where(F.col("date").isin(sorted(written)))
+        rows.write.mode("overwrite").partitionBy("date").parquet(table)
+    for day in sorted(days - present):
+        if storage.delete(partition_path(table, day)):
+            log.info("%s: removed the now empty partition %s", table, day)
+
+
+def _present(frame: DataFrame) -> set[date]:
+    return {row["date"] for row in frame.select("date").distinct().collect()}
+
+
+# ------------------------------------------------------------------------------- silver
+
+
+@dataclass(frozen=True)
+class SilverResult:
+    days: list[date]
+    readings: int = 0
+    health: int = 0
+    quarantined: int = 0
+    ignored: int = 0
+    duplicates: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+
+def silver(
+    spark: SparkSession,
+    layout: Layout,
+    cfg: PipelineConfig,
+    days: tuple[date, date] | None = None,
+    progress: bool = True,
+) -> SilverResult:
+    """Landing -> silver readings, silver health and quarantine, for ``days`` (first, last)
+    or, when None, every day new landing files may have changed (see the module doc)."""
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    storage = Storage(spark)
+    state = State.load(storage, layout)
+    landed = storage.partition_dates(layout.landing)
+    if not landed:
+        log.info("silver: nothing landed under %s yet", layout.landing)
+        return SilverResult([])
+    horizon = DAY * cfg.horizon_days
+    if days is None:
+        since = state.landing_through or min(landed)
+        first, last = min(since, max(landed)) - horizon, max(landed) + DAY
+    else:
+        first, last = days
+    recomputed = set(days_between(first, last))
+    window = [d for d in landed if first - DAY <= d <= last + horizon]
+    quarantine_days = {d for d in landed if first <= d <= last + horizon}
+    log.info("silver: recomputing %s from the landing days %s", span(recomputed), span(window))
+
+    staged = silver_t.stage(read_landing(spark, layout, window), cfg)
+    staged = staged.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        with Progress(spark, "silver", enabled=progress):
+            tally = staged.groupBy("kind", "date").agg(
+                F.count("*").alias("n"), F.sum(F.col("copies") - 1).alias("dups")
+            )
+            counts = tally.collect()
+            present: dict[str, set[date]] = {}
+            for row in counts:
+                present.setdefault(row["kind"], set()).add(row["date"])
+            replace_days(
+                storage,
+                silver_t.readings(staged),
+                layout.readings,
+                recomputed,
+                present.get(silver_t.READING, set()),
+            )
+            replace_days(
+                storage,
+                silver_t.health(staged),
+                layout.health,
+                recomputed,
+                present.get(silver_t.HEALTH_REPORT, set()),
+            )
+            replace_days(
+                storage,
+                silver_t.quarantine(staged),
+                layout.quarantine,
+                quarantine_days,
+                present.get(silver_t.QUARANTINED, set()),
+            )
+            reasons = (
+                staged.where(
+                    (F.col("kind") == silver_t.QUARANTINED)
+                    & F.col("date").isin(sorted(quarantine_days))
+                )
+                .groupBy("reason")
+                .count()
+                .orderBy(F.desc("count"), "reason")
+                .limit(20)
+                .collect()
+            )
+    finally:
+        staged.unpersist()
+
+    def total(kind: str, days_of: set[date], column: str = "n") -> int:
+        return sum(
+            int(r[column] or 0) for r in counts if r["kind"] == kind and r["date"] in days_of
+        )
+
+    accepted = (silver_t.READING, silver_t.HEALTH_REPORT)
+    result = SilverResult(
+        days=sorted(recomputed),
+        readings=total(silver_t.READING, recomputed),
+        health=total(silver_t.HEALTH_REPORT, recomputed),
+        quarantined=total(silver_t.QUARANTINED, quarantine_days),
+        ignored=total(silver_t.IGNORED, quarantine_days),
+        duplicates=sum(total(k, recomputed, "dups") for k in accepted),
+        reasons={r["reason"]: int(r["count"]) for r in reasons},
+    )
+    log.info(
+        "silver: %d readings and %d health reports (%d redelivered copies folded), "
+        "%d quarantined, %d status messages ignored",
+        result.readings,
+        result.health,
+        result.duplicates,
+        result.quarantined,
+        result.ignored,
+    )
+    for reason, count in list(result.reasons.items())[:5]:
+        log.info("silver: quarantined %d: %s", count, reason[:160])
+
+    if days is None:
+        state.landing_through = max(landed)
+    state.gold_pending |= recomputed
+    state.save(storage, layout)
+    return result
+
+
+# --------------------------------------------------------------------------------- gold
+
+
+@dataclass(frozen=True)
+class GoldResult:
+    days: list[date]
+    rows: dict[str, int] = field(default_factory=dict)
+
+
+def gold_frames(
+    readings: DataFrame, readings_with_day_before: DataFrame, health: DataFrame, cfg: PipelineConfig
+) -> dict[str, DataFrame]:
+    """Every gold table from silver (``GOLD_TABLES``)."""
+    return {
+        "sensor_minute": gold_t.sensor_aggregates(readings, "minute"),
+        "sensor_hour": gold_t.sensor_aggregates(readings, "hour"),
+        "gaps": gold_t.gaps(readings_with_day_before, cfg),
+        "health": gold_t.fleet_health(readings, health),
+    }
+
+
+def gold(
+    spark: SparkSession,
+    layout: Layout,
+    cfg: PipelineConfig,
+    days: Iterable[date] | None = None,
+    progress: bool = True,
+) -> GoldResult:
+    """Silver -> gold for ``days``, or the days silver recomputed since gold last ran
+    (all of silver when there is no state)."""
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    storage = Storage(spark)
+    state = State.load(storage, layout)
+    if days is None:
+        todo = set(state.gold_pending) or set(
+            storage.partition_dates(layout.readings) + storage.partition_dates(layout.health)
+        )
+    else:
+        todo = set(days)
+    if not todo:
+        log.info("gold: nothing to do")
+        return GoldResult([])
+    log.info("gold: recomputing %s", span(todo))
+    day_before = min(todo) - DAY
+    readings_ext = read_table(spark, layout.readings, READINGS, todo | {day_before}, storage)
+    readings = readings_ext.where(F.col("date").isin(sorted(todo)))
+    health = read_table(spark, layout.health, HEALTH, todo, storage)
+    frames = gold_frames(readings, readings_ext, health, cfg)
+    rows: dict[str, int] = {}
+    with Progress(spark, "gold", enabled=progress):
+        for name, frame in frames.items():
+            kept = frame.where(F.col("date").isin(sorted(todo))).persist(
+                StorageLevel.MEMORY_AND_DISK
+            )
+            try:
+                per_day = kept.groupBy("date").count().collect()
+                present = {r["date"] for r in per_day}
+                rows[name] = sum(int(r["count"]) for r in per_day)
+                replace_days(storage, kept, layout.gold(name), todo, present)
+            finally:
+                kept.unpersist()
+    log.info("gold: %s", ", ".join(f"{n} {name} rows" for name, n in rows.items()))
+    state = State.load(storage, layout)
+    state.gold_pending -= todo
+    state.save(storage, layout)
+    return GoldResult(sorted(todo), rows)
+
+
+def run(
+    spark: SparkSession, layout: Layout, cfg: PipelineConfig, progress: bool = True
+) -> tuple[SilverResult, GoldResult]:
+    """Silver for what landed since the last run, then gold for what silver changed."""
+    done = silver(spark, layout, cfg, progress=progress)
+    return done, gold(spark, layout, cfg, progress=progress)
+
+
+def backfill(
+    spark: SparkSession,
+    layout: Layout,
+    cfg: PipelineConfig,
+    first: date,
+    last: date,
+    progress: bool = True,
+) -> tuple[SilverResult, GoldResult]:
+    """Recompute silver and gold for the days ``[first, last]`` from the landing files."""
+    if last < first:
+        raise ValueError(f"backfill: --to {last} is before --from {first}")
+    done = silver(spark, layout, cfg, (first, last), progress=progress)
+    return done, gold(spark, layout, cfg, days_between(first, last), progress=progress)
+
+
+def table_rows(spark: SparkSession, table: str) -> list[dict[str, Any]]:
+    """Every row of a table as dicts, sorted (for comparing two runs)."""
+    rows = [r.asDict() for r in spark.read.parquet(table).collect()]
+    return sorted(rows, key=lambda r: [(v is None, str(v)) for v in r.values()])
