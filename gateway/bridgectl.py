@@ -45,6 +45,7 @@ FIELDS = (
     "bytes",
     "oldest message age",
     "inflight",
+    "window",
     "sent",
     "acknowledged",
     "received",

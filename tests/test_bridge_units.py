@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -421,3 +422,35 @@ def test_two_bridges_cannot_share_a_name() -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(one + one)
     assert any("two bridges are named 'c'" in p for p in info.value.problems)
+
+
+# ---------------------------------------------------------------------- marks on the wire
+
+
+def test_upstream_properties_are_the_codecs_bytes_with_the_marks() -> None:
+    from gateway.bridge.link import Bridge
+    from gateway.bridge.settings import BridgeSettings
+    from gateway.mqtt.properties import Properties, encode_properties
+    from tests.support.harness import Harness
+
+    h = Harness()
+    settings = BridgeSettings("cloud", (("127.0.0.1", 1),), (RuleSettings("#"),))
+    bridge = Bridge(
+        settings, gateway="gw1", prefix="ledge", broker=h.broker, sequence=Sequence(1),
+        kick=lambda: None,
+    )  # fmt: skip
+    marks = (("ledge-gateway", "gw1"), ("ledge-seq", "42"))
+    plain = Entry(1, 42, "t", b"p", 1, False, b"", 0.0)
+    assert bridge._properties(plain, True).pack() == encode_properties(
+        Properties(user_properties=marks)
+    )
+    assert bridge._properties(plain, False).pack() == b"\x00"
+    own = Properties(content_type="text/plain", user_properties=(("site", "n"),))
+    rich = Entry(1, 42, "t", b"p", 1, False, encode_properties(own), 0.0, time.time() + 100)
+    packed = bridge._properties(rich, True).pack()
+    from gateway.mqtt.properties import Where, decode_properties
+
+    got, _ = decode_properties(packed, 0, len(packed), Where.PUBLISH)
+    assert got.content_type == "text/plain"
+    assert got.user_properties == (("site", "n"), *marks)
+    assert got.message_expiry_interval in (99, 100)  # what is left of it

@@ -63,10 +63,12 @@ from gateway.broker.message import Message
 from gateway.mqtt.properties import (
     EMPTY,
     Properties,
+    PropertyId,
     Where,
     decode_properties,
     encode_properties,
 )
+from gateway.mqtt.wire import encode_string, encode_varint
 
 if TYPE_CHECKING:
     from gateway.store.sqlite import Store
@@ -82,6 +84,9 @@ BYPASS_QUEUE: Final = 1000
 STABLE_SECONDS: Final = 10.0
 #: Inbound messages aiomqtt may hold before it drops (it logs each drop).
 INBOUND_QUEUE: Final = 10_000
+#: Removals from the outbox reach the store at most this late (grouped): after a
+#: crash, what the remote acknowledged in that time is sent again (same marks).
+DONE_DELAY: Final = 0.25
 
 
 @dataclass(slots=True)
@@ -180,6 +185,14 @@ class Bridge:
         self._next_send = 0.0
         self._connected_at: float | None = None
         self._kick_scheduled = False
+        self._done_ops: list[tuple[Any, ...]] = []
+        self._done_timer: asyncio.TimerHandle | None = None
+        #: The marks, encoded, up to the sequence number's text.
+        self._mark_prefix = (
+            _user_property(GATEWAY_PROPERTY, gateway)
+            + bytes([PropertyId.USER_PROPERTY])
+            + encode_string(SEQUENCE_PROPERTY)
+        )
         self._mqtt_log = logging.getLogger(f"ledge.bridge.{settings.name}")
         self._repeats = _Repeats()
         self._mqtt_log.addFilter(self._repeats)
@@ -217,6 +230,9 @@ class Bridge:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self._done_timer is not None:
+            self._done_timer.cancel()
+        self._flush_done()
         if self._gate in self.broker.publish_gates:
             self.broker.publish_gates.remove(self._gate)
         if self.sys_values in self.broker.sys_sources:
@@ -236,7 +252,22 @@ class Bridge:
     def _emit(self, op: tuple[Any, ...]) -> None:
         journal = self.broker.journal
         assert journal is not None
-        journal.ops.append(op)
+        if op[0] != "outbox_done":
+            journal.ops.append(op)
+            return
+        # Removals wait a little and go in groups: far fewer commits (and fsyncs)
+        # while a backlog drains; losing one only means sending a message again.
+        self._done_ops.append(op)
+        if self._done_timer is None:
+            self._done_timer = asyncio.get_running_loop().call_later(DONE_DELAY, self._flush_done)
+
+    def _flush_done(self) -> None:
+        self._done_timer = None
+        journal = self.broker.journal
+        if self._done_ops and journal is not None:
+            journal.ops.extend(self._done_ops)
+            self._done_ops.clear()
+            self.kick()
 
     def _gate(self, topic: str, size: int) -> str | None:
         """Policy ``refuse``: a QoS 1/2 publisher is told no while the outbox is full."""
@@ -473,7 +504,7 @@ class Bridge:
             payload = envelope(mark[0] if mark else self.gateway, entry.seq, payload)
         properties = None
         if self.settings.protocol == 5:
-            properties = _paho_properties(entry, self.gateway, mark is None, time.time())
+            properties = self._properties(entry, mark is None)
         if self.echo is not None:
             self.echo.sent(entry.topic, payload, time.monotonic())
         info = paho.publish(entry.topic, payload, entry.qos, entry.retain, properties)
@@ -486,6 +517,28 @@ class Bridge:
             self._published(entry, 0)
         else:
             self._pending[info.mid] = entry
+
+    def _properties(self, entry: Entry, add_mark: bool) -> _Packed:
+        """The MQTT 5 properties to send ``entry`` with: what its publisher gave (user
+        properties, content type...), the remaining expiry, and the upstream marks."""
+        if not entry.properties and entry.expires is None:  # the common case, by hand
+            marks = self._mark_prefix + encode_string(str(entry.seq)) if add_mark else b""
+            return _Packed(encode_varint(len(marks)) + marks)
+        props = EMPTY
+        if entry.properties:
+            props, _ = decode_properties(entry.properties, 0, len(entry.properties), Where.PUBLISH)
+        if entry.expires is not None:
+            remaining = min(0xFFFF_FFFF, max(1, math.ceil(entry.expires - time.time())))
+            props = props.with_(message_expiry_interval=remaining)
+        if add_mark:
+            props = props.with_(
+                user_properties=(
+                    *props.user_properties,
+                    (GATEWAY_PROPERTY, self.gateway),
+                    (SEQUENCE_PROPERTY, str(entry.seq)),
+                )
+            )
+        return _Packed(encode_properties(props))
 
     def on_publish(self, mid: int, reason_code: int) -> None:
         """paho: the remote acknowledged ``mid`` (or QoS 0 was written)."""
@@ -623,6 +676,7 @@ class Bridge:
             base + "sent": str(st.sent),
             base + "acknowledged": str(st.acknowledged),
             base + "inflight": str(self.inflight),
+            base + "window": str(self.window),
             base + "dropped": str(st.dropped + bs.dropped_qos0_offline + bs.rejected),
             base + "dropped/full": str(st.dropped_full),
             base + "dropped/expired": str(st.dropped_expired),
@@ -664,30 +718,26 @@ def _mark_bytes(encoded: bytes) -> tuple[str, int] | None:
     return _mark(props)
 
 
-def _paho_properties(entry: Entry, gateway: str, add_mark: bool, wall_now: float) -> PahoProperties:
-    """The MQTT 5 properties to send ``entry`` with: what the publisher gave (user
-    properties, content type...), the remaining expiry, and the upstream marks."""
-    out = PahoProperties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-    user: list[tuple[str, str]] = []
-    encoded = entry.properties
-    if encoded:
-        props, _ = decode_properties(encoded, 0, len(encoded), Where.PUBLISH)
-        user = list(props.user_properties)
-        if props.payload_format_indicator is not None:
-            out.PayloadFormatIndicator = props.payload_format_indicator
-        if props.content_type is not None:
-            out.ContentType = props.content_type
-        if props.response_topic is not None:
-            out.ResponseTopic = props.response_topic
-        if props.correlation_data is not None:
-            out.CorrelationData = props.correlation_data
-    if entry.expires is not None:
-        out.MessageExpiryInterval = max(1, math.ceil(entry.expires - wall_now))
-    if add_mark:
-        user += [(GATEWAY_PROPERTY, gateway), (SEQUENCE_PROPERTY, str(entry.seq))]
-    if user:
-        out.UserProperty = user
-    return out
+class _Packed:
+    """MQTT 5 PUBLISH properties already encoded, handed to paho as they are (paho only
+    calls ``pack()``): building paho's Properties object per message costs more than
+    the rest of the send."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def pack(self) -> bytes:
+        return self.data
+
+    def __repr__(self) -> str:
+        props, _ = decode_properties(self.data, 0, len(self.data), Where.PUBLISH)
+        return repr(props)
+
+
+def _user_property(key: str, value: str) -> bytes:
+    return bytes([PropertyId.USER_PROPERTY]) + encode_string(key) + encode_string(value)
 
 
 def _our_properties(paho_props: Any) -> Properties:
