@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gateway import __version__
+from gateway import __version__, bridgectl
 from gateway.config import Config, Overrides, load_config, parse_listen
 from gateway.runtime import RUNTIME_ENV, ConfigError, build_authenticator
 
@@ -71,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_override_flags(check)
     # Used by a running gateway on SIGHUP: print the validated config as JSON.
     check.add_argument("--print-runtime", action="store_true", help=argparse.SUPPRESS)
+    bridgectl.add_parser(commands)
     return parser
 
 
@@ -88,6 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_OK
+    if args.command == "bridge":
+        return bridgectl.main(args)
     path: Path | None = args.file if args.command == "check-config" else args.config
     try:
         config, overrides = _validated(path, args)
