@@ -1,15 +1,20 @@
-"""Shared fixtures: real Ledge and Mosquitto processes on free loopback ports."""
+"""Shared fixtures: real Ledge and Mosquitto processes on free loopback ports, and the
+pipeline tests' one SparkSession."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 from tests.support.procs import LedgeProcess, MosquittoProcess
+
+if TYPE_CHECKING:  # PySpark is imported only by the pipeline's tests
+    from pyspark.sql import SparkSession
 
 settings.register_profile("default", max_examples=100, deadline=None)
 settings.register_profile(
@@ -41,3 +46,15 @@ def mosquitto(tmp_path: Path) -> Iterator[MosquittoProcess]:
     proc = MosquittoProcess(tmp_path).start()
     yield proc
     proc.stop()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """One SparkSession for the whole run (``local[2]``, the fast JVM settings).
+
+    Starting a JVM costs about 10 s; every test after the first pays under a second."""
+    from pipeline.session import build
+
+    session = build("local[2]", app_name="ledge-tests", fast_jvm=True)
+    yield session
+    session.stop()

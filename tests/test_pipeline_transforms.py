@@ -1,0 +1,298 @@
+"""Silver and gold transforms on small inline frames (no files): the rules one by one.
+
+Every input line is built with the gateway's own contract (``drivers.model``) or the
+lander's record format (``pipeline.records``), so the rules are checked against what a
+Ledge bridge really sends.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+from drivers.model import (
+    Health,
+    Reading,
+    envelope,
+    health_payload,
+    reading_from_message,
+    reading_payload,
+    reading_topic,
+)
+from pipeline.config import PipelineConfig
+from pipeline.records import landing_record
+from pipeline.schema import LANDING, READINGS
+from pipeline.transforms import gold, silver
+
+T0 = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
+CFG = PipelineConfig()
+LINES = T.StructType(
+    [
+        *LANDING.fields,
+        T.StructField("file", T.StringType()),
+        T.StructField("landing_date", T.DateType()),
+    ]
+)
+
+
+def reading(value: float | bool | str = 21.5, at: datetime = T0, **kw: Any) -> Reading:
+    fields: dict[str, Any] = {
+        "device": "env",
+        "quantity": "temperature",
+        "unit": "°C",
+        "driver": "serial",
+    }
+    fields.update(kw)
+    return Reading(value=value, timestamp=at, **fields)
+
+
+def line(
+    topic: str,
+    payload: bytes,
+    seq: int | None,
+    received: datetime,
+    gateway: str | None = "gw1",
+    file: str = "f1",
+) -> dict[str, Any]:
+    rec = landing_record(
+        topic, payload, 1, False, gateway if seq is not None else None,
+        None if seq is None else str(seq), received,
+    )  # fmt: skip
+    return {**{k: None if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+               for k, v in rec.items()},
+            "file": file, "landing_date": received.date()}  # fmt: skip
+
+
+def of_reading(r: Reading, seq: int, received: datetime | None = None, **kw: Any) -> dict[str, Any]:
+    return line(reading_topic(r, "gw1"), reading_payload(r), seq, received or r.timestamp, **kw)
+
+
+def frame(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
+    return spark.createDataFrame(
+        [{f.name: r.get(f.name) for f in LINES.fields} for r in rows], LINES
+    )
+
+
+def stage(spark: SparkSession, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = silver.stage(frame(spark, rows), CFG).collect()
+    return sorted((r.asDict() for r in out), key=lambda r: (r["bridge"] or "", r["seq"] or 0))
+
+
+MALFORMED = [
+    ("ledge/gw1/serial/env/t", b"21.5 V", "payload is not JSON"),
+    ("ledge/gw1/serial/env/t", b"\xff\x00", "payload is not JSON (not UTF-8 text)"),
+    ("ledge/gw1/serial/env/t", b'{"value":1}', "payload lacks value or timestamp"),
+    ("ledge/gw1/serial/env/t", b'{"value":[1],"timestamp":"2026-11-21T10:00:00Z"}',
+     "value must be a number, boolean or text, not array<bigint>"),
+    ("ledge/gw1/serial/env/t", b'{"value":1,"timestamp":"2026-11-21T10:00:00"}',
+     "timestamp must carry a time zone (use UTC)"),
+    ("ledge/gw1/serial/env/t", b'{"value":1,"timestamp":"yesterday"}',
+     "timestamp 'yesterday' is not ISO 8601 with a UTC offset"),
+    ("ledge/gw1/serial/env/t", b'{"value":1,"unit":5,"timestamp":"2026-11-21T10:00:00Z"}',
+     "unit must be text"),
+    ("ledge/gw1/serial/env+x/t", b'{"value":1,"timestamp":"2026-11-21T10:00:00Z"}',
+     "device 'env+x' is not a valid topic name"),
+    ("ledge/gw1/t", b'{"value":1,"timestamp":"2026-11-21T10:00:00Z"}',
+     "topic 'ledge/gw1/t' is not ledge/<gateway>/<driver>/<device>/<quantity>"),
+    ("ledge/gw1/health", b'{"timestamp":"2026-11-21T10:00:00Z","dropped":-1}',
+     "health dropped must be 0 or more"),
+]  # fmt: skip
+#: The day of a reading two days older than the horizon allows.
+TOO_OLD = T0 - timedelta(days=CFG.horizon_days + 1)
+EDGE = T0 - timedelta(days=CFG.horizon_days)
+
+
+@pytest.fixture(scope="module")
+def staged(spark: SparkSession) -> dict[tuple[str | None, int | None], list[dict[str, Any]]]:
+    """Every case below in one frame, staged once (each ``stage`` costs Spark ~2 s of
+    planning): the rows by (bridge, seq), sequence numbers keeping the cases apart."""
+    r = reading()
+    opened = reading(True, quantity="open", unit="")
+    wrapped = envelope("gw9", 41, reading_payload(opened))
+    h = Health(timestamp=T0, dropped=4, queued=2, uptime=9.5)
+    s = timedelta(seconds=1)
+    rows = [
+        # redeliveries: three copies of 7, arriving in another order than the files sort
+        of_reading(r, 7, T0 + 5 * s, file="b"),
+        of_reading(r, 7, T0 + s, file="a"),
+        of_reading(r, 7, T0 + 9 * s, file="c"),
+        of_reading(reading(22.0), 8, T0),
+        # a sequence number used twice by different messages
+        of_reading(reading(1.0), 5, T0),
+        of_reading(reading(2.0), 5, T0 + s),
+        # an MQTT 3.1.1 bridge's envelope, twice
+        line(reading_topic(opened, "gw9"), wrapped, None, T0),
+        line(reading_topic(opened, "gw9"), wrapped, None, T0 + 3 * s),
+        # status topics and a health report
+        line("ledge/gw1/status", b"online", 200, T0),
+        line("ledge/gw1/serial/env/status", b"offline", 201, T0),
+        line("ledge/gw1/health", health_payload(h), 202, T0 + s),
+        # clocks: two days ahead, never set, within the tolerance
+        of_reading(reading(at=T0 + timedelta(days=2)), 300, T0),
+        of_reading(reading(at=datetime(1970, 1, 1, tzinfo=UTC)), 301, T0),
+        of_reading(reading(at=T0 + timedelta(minutes=4)), 302, T0),
+        # the late-data horizon
+        of_reading(reading(at=TOO_OLD), 400, T0),
+        of_reading(reading(at=EDGE), 401, T0),
+        # no marks, a bad mark, an unreadable line
+        of_reading(r, 500, T0) | {"gateway": None, "seq": None},
+        of_reading(r, 501, T0) | {"seq": "x2"},
+        {"_corrupt": "not a record", "file": "f", "landing_date": T0.date()},
+        *[line(topic, payload, 100 + i, T0) for i, (topic, payload, _) in enumerate(MALFORMED)],
+    ]
+    out: dict[tuple[str | None, int | None], list[dict[str, Any]]] = {}
+    for row in stage(spark, rows):
+        out.setdefault((row["bridge"], row["seq"]), []).append(row)
+    return out
+
+
+def one(staged: dict[tuple[str | None, int | None], list[dict[str, Any]]], seq: int) -> Any:
+    (row,) = staged[("gw1", seq)]
+    return row
+
+
+Staged = dict[tuple[str | None, int | None], list[dict[str, Any]]]
+
+
+def test_redeliveries_fold_into_the_first_copy_and_are_counted(staged: Staged) -> None:
+    first, other = one(staged, 7), one(staged, 8)
+    assert (first["kind"], first["copies"], other["kind"], other["copies"]) == (
+        "reading", 3, "reading", 1,
+    )  # fmt: skip
+    assert first["received"] == (T0 + timedelta(seconds=1)).replace(tzinfo=None)
+    assert first["value"] == 21.5 and other["value"] == 22.0
+
+
+def test_a_reused_sequence_number_is_quarantined_not_merged(staged: Staged) -> None:
+    rows = staged[("gw1", 5)]
+    assert [g["value"] for g in rows if g["kind"] == "reading"] == [1.0]
+    (bad,) = [g for g in rows if g["kind"] == "quarantine"]
+    assert bad["reason"].startswith("ledge-seq 5 of gateway 'gw1' was already used")
+
+
+def test_envelopes_from_a_311_bridge_are_opened(staged: Staged) -> None:
+    (got,) = staged[("gw9", 41)]
+    assert (got["kind"], got["gateway"], got["copies"]) == ("reading", "gw9", 2)
+    assert (got["value"], got["text"], got["quantity"]) == (1.0, "true", "open")
+
+
+@pytest.mark.parametrize(("index", "case"), list(enumerate(MALFORMED)))
+def test_malformed_messages_are_quarantined_with_the_reason(
+    staged: Staged, index: int, case: tuple[str, bytes, str]
+) -> None:
+    topic, payload, reason = case
+    got = one(staged, 100 + index)
+    assert got["kind"] == "quarantine"
+    assert got["reason"].startswith(reason), got["reason"]
+    assert got["topic"] == topic  # kept as it arrived
+    if topic.count("/") == 4 and "UTF-8" not in reason:
+        with pytest.raises(ValueError):  # the gateway's own reader refuses it too
+            reading_from_message(topic, payload)
+
+
+def test_lines_without_marks_or_unreadable_are_quarantined(staged: Staged) -> None:
+    reasons = sorted(g["reason"] for (_, seq), rows in staged.items() if seq is None for g in rows)
+    assert len(reasons) == 3
+    assert reasons[0].startswith("ledge-seq 'x2' is not a decimal number")
+    assert reasons[1].startswith("no ledge-gateway/ledge-seq marks")
+    assert reasons[2] == "unreadable landing line (not a landing record)"
+
+
+def test_status_topics_are_ignored_and_health_reports_parsed(staged: Staged) -> None:
+    assert [one(staged, s)["kind"] for s in (200, 201, 202)] == ["ignored", "ignored", "health"]
+    h = one(staged, 202)
+    assert (h["dropped"], h["queued"], h["uptime"]) == (4, 2, 9.5)
+
+
+def test_implausible_timestamps_are_kept_flagged_and_filed_by_receive_time(
+    staged: Staged,
+) -> None:
+    got = [one(staged, s) for s in (300, 301, 302)]
+    assert [(g["kind"], g["implausible"], g["date"]) for g in got] == [
+        ("reading", True, T0.date()),
+        ("reading", True, T0.date()),
+        ("reading", False, T0.date()),
+    ]
+
+
+def test_rows_later_than_the_horizon_are_quarantined_not_dropped(staged: Staged) -> None:
+    old, edge = one(staged, 400), one(staged, 401)
+    assert old["kind"] == "quarantine" and "late-data horizon" in old["reason"]
+    assert old["date"] == T0.date()  # filed under its landing day
+    assert edge["kind"] == "reading" and edge["date"] == EDGE.date()
+
+
+# ----------------------------------------------------------------------------------- gold
+
+
+def silver_rows(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
+    base = {
+        "gateway": "gw1", "driver": "serial", "device": "env", "quantity": "t", "unit": "°C",
+        "text": None, "metadata": None, "bridge": "gw1", "copies": 1, "implausible": False,
+    }  # fmt: skip
+    full = []
+    for i, r in enumerate(rows):
+        row = {**base, "seq": i, **r}
+        row.setdefault("received", row["timestamp"] + timedelta(seconds=2))
+        row["date"] = row["timestamp"].date()
+        full.append(row)
+    return spark.createDataFrame(full, READINGS)
+
+
+def naive(at: datetime) -> datetime:
+    return at.replace(tzinfo=None)
+
+
+def test_sensor_aggregates_per_minute_and_hour(spark: SparkSession) -> None:
+    rows: list[dict[str, Any]] = [
+        {"timestamp": T0 + timedelta(seconds=10), "value": 1.0},
+        {"timestamp": T0 + timedelta(seconds=50), "value": 3.0},
+        {"timestamp": T0 + timedelta(seconds=70), "value": 5.0},
+        {"timestamp": T0 + timedelta(seconds=80), "value": None, "text": "auto"},  # text
+        {"timestamp": T0 + timedelta(days=3), "value": 99.0, "implausible": True},
+    ]
+    readings = silver_rows(spark, rows)
+    minute = sorted(gold.sensor_aggregates(readings, "minute").collect(), key=lambda r: r.start)
+    assert [(r.start, r["count"], r["min"], r["max"], r["mean"]) for r in minute] == [
+        (naive(T0), 2, 1.0, 3.0, 2.0),
+        (naive(T0 + timedelta(minutes=1)), 1, 5.0, 5.0, 5.0),
+    ]
+    (hour,) = gold.sensor_aggregates(readings, "hour").collect()
+    assert (hour.start, hour["count"], hour["mean"], hour.date) == (naive(T0), 3, 3.0, T0.date())
+
+
+def test_gaps_longer_than_the_span_are_found_across_midnight(spark: SparkSession) -> None:
+    midnight = datetime(2026, 11, 22, tzinfo=UTC)
+    rows = [
+        {"timestamp": midnight - timedelta(minutes=3), "value": 1.0},
+        {"timestamp": midnight + timedelta(minutes=4), "value": 1.0},  # 7 min: a gap
+        {"timestamp": midnight + timedelta(minutes=8), "value": 1.0},  # 4 min: none
+    ]
+    (gap,) = gold.gaps(silver_rows(spark, rows), PipelineConfig(gap=timedelta(minutes=5))).collect()
+    assert (gap.seconds, gap.date) == (420.0, date(2026, 11, 22))
+
+
+def test_fleet_health_counts_rate_lag_duplicates_and_reported_drops(spark: SparkSession) -> None:
+    readings = silver_rows(
+        spark,
+        [
+            {"timestamp": T0, "value": 1.0, "received": T0 + timedelta(seconds=1)},
+            {"timestamp": T0 + timedelta(minutes=1), "value": 1.0, "copies": 3,
+             "received": T0 + timedelta(minutes=1, seconds=3)},
+        ],
+    )  # fmt: skip
+    h = [
+        ("gw1", T0, 4, 7, 1.0, "gw1", 10, T0 + timedelta(seconds=2), 1, False, T0.date()),
+        ("gw1", T0 + timedelta(minutes=30), 1, 2, 1.0, "gw1", 11, T0 + timedelta(minutes=30),
+         1, False, T0.date()),
+    ]  # fmt: skip
+    from pipeline.schema import HEALTH
+
+    (row,) = gold.fleet_health(readings, spark.createDataFrame(h, HEALTH)).collect()
+    assert (row.messages, row.duplicates, row.dropped, row.queued_max) == (4, 2, 5, 7)
+    assert row.rate == pytest.approx(4 / 3600)
+    assert row.lag_max == 3.0 and row.lag_mean == pytest.approx((1 + 3 + 2 + 0) / 4)
