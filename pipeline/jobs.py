@@ -366,6 +366,8 @@ def backfill(
 
 
 def table_rows(spark: SparkSession, table: str) -> list[dict[str, Any]]:
-    """Every row of a table as dicts, sorted (for comparing two runs)."""
+    """Every row of a table as dicts, sorted (for comparing two runs); none if it is empty."""
+    if not Storage(spark).partition_dates(table):
+        return []
     rows = [r.asDict() for r in spark.read.parquet(table).collect()]
     return sorted(rows, key=lambda r: [(v is None, str(v)) for v in r.values()])
