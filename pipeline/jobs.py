@@ -194,51 +194,52 @@ def silver(
     quarantine_days = {d for d in landed if first <= d <= last + horizon}
     log.info("silver: recomputing %s from the landing days %s", span(recomputed), span(window))
 
-    staged = silver_t.stage(read_landing(spark, layout, window), cfg)
-    staged = staged.persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        with Progress(spark, "silver", enabled=progress):
-            tally = staged.groupBy("kind", "date").agg(
-                F.count("*").alias("n"), F.sum(F.col("copies") - 1).alias("dups")
+    plan = silver_t.stage(read_landing(spark, layout, window), cfg)
+    with Progress(spark, "silver", enabled=progress):
+        # Computed once and cut from its plan: the five queries below then plan against
+        # stored blocks, not against silver's large plan (which costs seconds each,
+        # cache lookups included). Blocks live on the executors; losing one fails the
+        # run, and a re-run is harmless (idempotent).
+        staged = plan.localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
+        tally = staged.groupBy("kind", "date").agg(
+            F.count("*").alias("n"), F.sum(F.col("copies") - 1).alias("dups")
+        )
+        counts = tally.collect()
+        present: dict[str, set[date]] = {}
+        for row in counts:
+            present.setdefault(row["kind"], set()).add(row["date"])
+        replace_days(
+            storage,
+            silver_t.readings(staged),
+            layout.readings,
+            recomputed,
+            present.get(silver_t.READING, set()),
+        )
+        replace_days(
+            storage,
+            silver_t.health(staged),
+            layout.health,
+            recomputed,
+            present.get(silver_t.HEALTH_REPORT, set()),
+        )
+        replace_days(
+            storage,
+            silver_t.quarantine(staged),
+            layout.quarantine,
+            quarantine_days,
+            present.get(silver_t.QUARANTINED, set()),
+        )
+        reasons = (
+            staged.where(
+                (F.col("kind") == silver_t.QUARANTINED)
+                & F.col("date").isin(sorted(quarantine_days))
             )
-            counts = tally.collect()
-            present: dict[str, set[date]] = {}
-            for row in counts:
-                present.setdefault(row["kind"], set()).add(row["date"])
-            replace_days(
-                storage,
-                silver_t.readings(staged),
-                layout.readings,
-                recomputed,
-                present.get(silver_t.READING, set()),
-            )
-            replace_days(
-                storage,
-                silver_t.health(staged),
-                layout.health,
-                recomputed,
-                present.get(silver_t.HEALTH_REPORT, set()),
-            )
-            replace_days(
-                storage,
-                silver_t.quarantine(staged),
-                layout.quarantine,
-                quarantine_days,
-                present.get(silver_t.QUARANTINED, set()),
-            )
-            reasons = (
-                staged.where(
-                    (F.col("kind") == silver_t.QUARANTINED)
-                    & F.col("date").isin(sorted(quarantine_days))
-                )
-                .groupBy("reason")
-                .count()
-                .orderBy(F.desc("count"), "reason")
-                .limit(20)
-                .collect()
-            )
-    finally:
-        staged.unpersist()
+            .groupBy("reason")
+            .count()
+            .orderBy(F.desc("count"), "reason")
+            .limit(20)
+            .collect()
+        )
 
     def total(kind: str, days_of: set[date], column: str = "n") -> int:
         return sum(
