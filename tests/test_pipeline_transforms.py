@@ -131,6 +131,7 @@ def staged(spark: SparkSession) -> dict[tuple[str | None, int | None], list[dict
         line("ledge/gw1/status", b"online", 200, T0),
         line("ledge/gw1/serial/env/status", b"offline", 201, T0),
         line("ledge/gw1/health", health_payload(h), 202, T0 + s),
+        line("ledge/gw1/status", b"offline", None, T0, gateway=None),  # a bridge's will
         # clocks: two days ahead, never set, within the tolerance
         of_reading(reading(at=T0 + timedelta(days=2)), 300, T0),
         of_reading(reading(at=datetime(1970, 1, 1, tzinfo=UTC)), 301, T0),
@@ -195,7 +196,13 @@ def test_malformed_messages_are_quarantined_with_the_reason(
 
 
 def test_lines_without_marks_or_unreadable_are_quarantined(staged: Staged) -> None:
-    reasons = sorted(g["reason"] for (_, seq), rows in staged.items() if seq is None for g in rows)
+    reasons = sorted(
+        g["reason"]
+        for (_, seq), rows in staged.items()
+        if seq is None
+        for g in rows
+        if g["kind"] == "quarantine"
+    )
     assert len(reasons) == 3
     assert reasons[0].startswith("ledge-seq 'x2' is not a decimal number")
     assert reasons[1].startswith("no ledge-gateway/ledge-seq marks")
@@ -205,6 +212,8 @@ def test_lines_without_marks_or_unreadable_are_quarantined(staged: Staged) -> No
 def test_status_topics_are_ignored_and_health_reports_parsed(staged: Staged) -> None:
     assert [one(staged, s)["kind"] for s in (200, 201, 202)] == ["ignored", "ignored", "health"]
     h = one(staged, 202)
+    (will,) = [r for r in staged[(None, None)] if r["topic"] == "ledge/gw1/status"]
+    assert (will["kind"], will["reason"]) == ("ignored", None)
     assert (h["dropped"], h["queued"], h["uptime"]) == (4, 2, 9.5)
 
 

@@ -6,7 +6,7 @@ landing lines into one row per distinct message, each with a ``kind``:
 - ``reading`` / ``health``: valid, deduplicated by (bridge gateway, sequence number);
   ``copies`` counts the identical redeliveries folded into it;
 - ``quarantine``: anything that could not be accepted, with the ``reason``;
-- ``ignored``: status topics (``.../status``), which are not data.
+- ``ignored``: status topics (``.../status``), which are not data (with or without marks).
 
 The rules follow ``drivers.model.reading_from_message`` and ``health_from_message`` (a
 test runs both on the same inputs), written as Spark expressions so that no row leaves
@@ -287,20 +287,22 @@ def _fields(messages: DataFrame, prefix: str) -> DataFrame:
 def _parse(messages: DataFrame, cfg: PipelineConfig) -> DataFrame:
     """Classify kept messages by topic and parse readings and health reports."""
     fields = _fields(messages, cfg.prefix)
-    levels, n = F.col("_lv"), F.size("_lv")
-    is_status = ((n == 4) & (levels[3] == "status")) | ((n == 2) & (levels[1] == "status"))
-    is_health = (n == 2) & (levels[1] == "health")
+    levels, n = F.col("_lv"), F.size("_lv")  # F.get: null beyond the end (ANSI mode)
+    is_status = ((n == 4) & (F.get(levels, 3) == "status")) | (
+        (n == 2) & (F.get(levels, 1) == "status")
+    )
+    is_health = (n == 2) & (F.get(levels, 1) == "health")
     is_reading = (n == 4) & ~is_status
 
     kind, number = F.col("_value_type"), F.col("_number")
     is_number, is_bool = _is_number(kind), kind == "BOOLEAN"
     names = [
         (
-            ~levels[i].rlike(_NAME),
+            ~F.get(levels, i).rlike(_NAME),
             F.format_string(
                 f"{level} %s is not a valid topic name (1 to 128 characters, none of / + # "
                 "or NUL, no leading $)",
-                _quoted(levels[i]),
+                _quoted(F.get(levels, i)),
             ),
         )
         for i, level in enumerate(("gateway", "driver", "device", "quantity"))
@@ -356,29 +358,35 @@ def _parse(messages: DataFrame, cfg: PipelineConfig) -> DataFrame:
         f"topic %s is not {cfg.prefix}/<gateway>/<driver>/<device>/<quantity>",
         _quoted(F.col("topic")),
     )
+    # Status topics are not data, marked or not: a bridge sends the gateway's status as
+    # its birth and will on the upstream connection, which carry no sequence number.
+    readable = F.col("topic").isNotNull() & F.col("received").isNotNull()
+    status = F.coalesce(readable & is_status, F.lit(False))
     kind_of = (
-        F.when(F.col("reason").isNotNull(), QUARANTINED)
-        .when(is_status, IGNORED)
+        F.when(status, IGNORED)
+        .when(F.col("reason").isNotNull(), QUARANTINED)
         .when(is_health, HEALTH_REPORT)
         .when(is_reading, READING)
         .otherwise(QUARANTINED)
     )
-    reason = F.coalesce(
-        F.col("reason"),
-        F.when(is_status, None)
-        .when(is_health, health_problem)
-        .when(is_reading, reading_problem)
-        .otherwise(topic_problem),
+    reason = F.when(
+        ~status,
+        F.coalesce(
+            F.col("reason"),
+            F.when(is_health, health_problem)
+            .when(is_reading, reading_problem)
+            .otherwise(topic_problem),
+        ),
     )
     truth = F.col("_string") == "true"
     out = fields.select(
         *messages.columns,
         kind_of.alias("_kind"),
         reason.alias("_reason"),
-        levels[0].alias("gateway"),
-        F.when(is_reading, levels[1]).alias("driver"),
-        F.when(is_reading, levels[2]).alias("device"),
-        F.when(is_reading, levels[3]).alias("quantity"),
+        F.get(levels, 0).alias("gateway"),
+        F.when(is_reading, F.get(levels, 1)).alias("driver"),
+        F.when(is_reading, F.get(levels, 2)).alias("device"),
+        F.when(is_reading, F.get(levels, 3)).alias("quantity"),
         F.when(is_bool, F.when(truth, 1.0).otherwise(0.0)).when(is_number, number).alias("value"),
         F.when(is_bool | (kind == "STRING"), F.col("_string")).alias("text"),
         F.coalesce(F.col("_unit"), F.lit("")).alias("unit"),
