@@ -1,7 +1,8 @@
 # Convenience targets; each sets up what it needs first (scripts/setup).
 ITERATIONS ?= 200
+ROWS ?= 1000000
 
-.PHONY: run test bench bench-quick bench-serial crash-test
+.PHONY: run test bench bench-quick bench-serial crash-test pipeline-bench
 
 run:            ## start the gateway on the embedded default config
 	scripts/run
@@ -22,3 +23,7 @@ crash-test:     ## kill -9 Ledge ITERATIONS times under QoS 1/2 load and check n
 bench-serial:   ## sustained line rate of one serial device (a pty) into Ledge, CPU per reading
 	scripts/setup --test
 	.venv/bin/python -m bench.serial
+
+pipeline-bench: ## pipeline silver and gold rows/s over 1M generated rows on local[2], DuckDB beside it
+	scripts/setup --test
+	.venv/bin/python -m bench.pipeline --rows $(ROWS)
