@@ -1,7 +1,7 @@
 # Convenience targets; each sets up what it needs first (scripts/setup).
 ITERATIONS ?= 200
 
-.PHONY: run test bench bench-quick bench-serial crash-test
+.PHONY: run test bench bench-quick bench-serial bench-bridge crash-test
 
 run:            ## start the gateway on the embedded default config
 	scripts/run
@@ -22,3 +22,7 @@ crash-test:     ## kill -9 Ledge ITERATIONS times under QoS 1/2 load and check n
 bench-serial:   ## sustained line rate of one serial device (a pty) into Ledge, CPU per reading
 	scripts/setup --test
 	.venv/bin/python -m bench.serial
+
+bench-bridge:   ## the bridge's outbox during an outage and its replay to Mosquitto (100,000 messages)
+	scripts/setup --test
+	.venv/bin/python -m bench.bridge
