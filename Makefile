@@ -2,7 +2,7 @@
 ITERATIONS ?= 200
 ROWS ?= 1000000
 
-.PHONY: run test bench bench-quick bench-serial crash-test pipeline-bench
+.PHONY: run test bench bench-quick bench-serial bench-bridge crash-test pipeline-bench
 
 run:            ## start the gateway on the embedded default config
 	scripts/run
@@ -23,6 +23,10 @@ crash-test:     ## kill -9 Ledge ITERATIONS times under QoS 1/2 load and check n
 bench-serial:   ## sustained line rate of one serial device (a pty) into Ledge, CPU per reading
 	scripts/setup --test
 	.venv/bin/python -m bench.serial
+
+bench-bridge:   ## the bridge's outbox during an outage and its replay to Mosquitto (100,000 messages)
+	scripts/setup --test
+	.venv/bin/python -m bench.bridge
 
 pipeline-bench: ## pipeline silver and gold rows/s over 1M generated rows on local[2], DuckDB beside it
 	scripts/setup --test
