@@ -153,6 +153,10 @@ class _Fleet:
             self.messages.append(Message(at, line))
         return seq
 
+    def too_late(self, stamp: datetime, received: datetime) -> bool:
+        """Beyond the late-data horizon: silver quarantines it."""
+        return (received.date() - stamp.date()).days > self.spec.horizon_days
+
     def copies(self) -> int:
         return 2 if self.rng.random() < self.spec.duplicates else 1
 
@@ -180,6 +184,9 @@ class _Fleet:
             received,
             copies=copies,
         )
+        if not implausible and self.too_late(r.timestamp, received):
+            self.truth.quarantined["arrived"] += 1  # a long outage's oldest backlog
+            return
         number = float(value) if not isinstance(value, str) else None
         text = (
             ("true" if value else "false")
@@ -218,6 +225,9 @@ class _Fleet:
             received,
             copies=copies,
         )
+        if self.too_late(h.timestamp, received):
+            self.truth.quarantined["arrived"] += 1
+            return
         self.truth.health.append(
             SentHealth(gateway, h.timestamp, received, h.dropped, h.queued, seq)
         )
