@@ -305,6 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
+        force=True,  # this process is ours, also under spark-submit
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
     try:

@@ -79,8 +79,8 @@ def spark_env() -> dict[str, str]:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[str]:
-    """A master and one worker (2 cores) on loopback; yields the master URL."""
+def cluster(tmp_path: Path) -> Iterator[tuple[str, SparkDaemon]]:
+    """A master and one worker (2 cores) on loopback; yields the master URL and process."""
     env = spark_env() | {"SPARK_WORKER_DIR": str(tmp_path / "work")}
     port = free_port()
     master = SparkDaemon(
@@ -99,39 +99,62 @@ def cluster(tmp_path: Path) -> Iterator[str]:
             env=env,
         )
         master.wait_log(r"Registering worker 127\.0\.0\.1", 60)
-        yield url
+        yield url, master
     finally:
         if worker is not None:
             worker.stop()
         master.stop()
 
 
-def test_the_same_job_runs_on_a_standalone_cluster(
-    spark: SparkSession, tmp_path: Path, cluster: str
-) -> None:
-    messages, truth = generate(Spec(readings=600))
-    root = tmp_path / "tables"
-    write_landing(root, messages)
+#: Settings given to both ways of starting the job, as an operator would.
+CONF = [
+    "spark.executor.memory=512m",
+    # short-lived JVMs start faster with C1 only and the serial GC
+    f"spark.driver.extraJavaOptions={FAST_JVM}",
+    f"spark.executor.extraJavaOptions={FAST_JVM}",
+    "spark.driver.host=127.0.0.1",
+    # a cluster's tuning is the operator's: 200 shuffle tasks would swamp a small worker
+    "spark.sql.shuffle.partitions=2",
+]
+
+
+def run(command: list[str]) -> str:
     done = subprocess.run(
-        [
-            *(sys.executable, "-m", "pipeline", "run", "--root", str(root), "--quiet"),
-            *("--master", cluster),
-            *("--conf", "spark.executor.memory=512m"),
-            # short-lived JVMs start faster with C1 only and the serial GC
-            *("--conf", f"spark.driver.extraJavaOptions={FAST_JVM}"),
-            *("--conf", f"spark.executor.extraJavaOptions={FAST_JVM}"),
-            *("--conf", "spark.driver.host=127.0.0.1"),
-            # a cluster's tuning is the operator's: 200 shuffle tasks would swamp a small worker
-            *("--conf", "spark.sql.shuffle.partitions=2"),
-        ],
+        command,
         check=False,
         cwd=REPO,
-        env=spark_env(),
+        env=spark_env() | {"PYSPARK_DRIVER_PYTHON": sys.executable},
         capture_output=True,
         text=True,
         timeout=170,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert f"on {cluster} " in done.stderr  # the session says where it runs
+    return done.stderr
+
+
+def test_the_same_job_runs_on_a_standalone_cluster(
+    spark: SparkSession, tmp_path: Path, cluster: tuple[str, SparkDaemon]
+) -> None:
+    """Silver under spark-submit (which picks the master), gold with ``--master``."""
+    url, master = cluster
+    messages, truth = generate(Spec(readings=600))
+    root = tmp_path / "tables"
+    write_landing(root, messages)
+    submit = Path(sys.executable).with_name("spark-submit")
+    confs = [x for c in CONF for x in ("--conf", c)]
+    log = run(
+        [
+            *(str(submit), "--master", url, *confs, str(REPO / "pipeline/__main__.py")),
+            *("silver", "--root", str(root), "--quiet"),
+        ]
+    )
+    master.wait_log(r"Registering app ledge-pipeline", 5)  # it ran there
+    log = run(
+        [
+            *(sys.executable, "-m", "pipeline", "gold", "--root", str(root), "--quiet"),
+            *("--master", url, *confs),
+        ]
+    )
+    assert f"on {url} " in log  # the session says where it runs
     check_silver(spark, root, truth)
     check_gold(spark, root, truth)

@@ -6,6 +6,7 @@ and backfills must give identical tables; stream mode must keep the late backlog
 
 from __future__ import annotations
 
+import io
 from collections import Counter, defaultdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -14,9 +15,10 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from pipeline import jobs
+from pipeline import cli, jobs
 from pipeline.config import PipelineConfig
 from pipeline.generate import Message, Spec, Truth, generate, write_landing
+from pipeline.progress import Progress
 from pipeline.report import write_report
 from pipeline.storage import Layout
 from pipeline.stream import stream
@@ -186,3 +188,28 @@ def test_stream_mode_keeps_a_gateways_late_backlog(
     assert result.batches == 1  # only the new files
     check_silver(spark, tmp_path, truth)
     assert stream(spark, layout, CFG, progress=False).batches == 0  # caught up
+
+
+def test_long_jobs_show_progress_and_a_summary(spark: SparkSession) -> None:
+    out = io.StringIO()
+    with Progress(spark, "probe", out=out, interval=0.01) as progress:
+        spark.range(200_000).selectExpr("sum(id * id)").collect()
+    assert progress.summary is not None and progress.summary.jobs >= 1
+    assert progress.summary.tasks >= 1
+    assert out.getvalue().splitlines()[-1].startswith("probe: done in ")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["silver", "--root", "r", "--conf", "novalue"], "--conf 'novalue' is not key=value"),
+        (["run", "--root", "r", "--horizon", "-1"], "horizon_days must be 0 or more"),
+    ],
+)
+def test_bad_options_are_refused_before_a_jvm_starts(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(args)
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
