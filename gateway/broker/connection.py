@@ -15,6 +15,9 @@ from gateway.mqtt.framer import PacketReader
 from gateway.mqtt.packets import Will
 
 if TYPE_CHECKING:
+    from gateway.broker.acl import Rules
+    from gateway.broker.auth import ListenerPolicy
+    from gateway.broker.logins import LoginAttempt
     from gateway.broker.session import Session
 
 
@@ -40,6 +43,7 @@ class Connection:
         "handle",
         "held",
         "id",
+        "identity",
         "in_dirty",
         "keep_alive",
         "last_rx",
@@ -53,8 +57,11 @@ class Connection:
         "peer_alias_max",
         "peer_max_packet",
         "peer_receive_max",
+        "pending",
+        "policy",
         "problem_info",
         "reader",
+        "rules",
         "session",
         "state",
         "stuck_timer",
@@ -77,12 +84,28 @@ class Connection:
         self.overflow = False
         self.reset(0, "", "", 0.0)
 
-    def reset(self, conn_id: int, peer: str, listener: str, now: float) -> None:
+    def reset(
+        self,
+        conn_id: int,
+        peer: str,
+        listener: str,
+        now: float,
+        policy: ListenerPolicy | None = None,
+        identity: str | None = None,
+    ) -> None:
         """Make this slot a fresh connection (nothing of the previous one survives)."""
         self.generation += 1
         self.id = conn_id
         self.peer = peer
         self.listener = listener
+        #: The listener's authentication and ACL (None: the broker's defaults).
+        self.policy = policy
+        #: The CN of a verified TLS client certificate.
+        self.identity = identity
+        #: The CONNECT whose password is being checked (or waits for its turn).
+        self.pending: LoginAttempt | None = None
+        #: What the ACL lets this client do (None: no ACL, everything).
+        self.rules: Rules | None = None
         self.handle: Any = None
         self.reader.reset()
         self.version = 0

@@ -5,7 +5,14 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from gateway.broker.auth import PasswordCheck
 from gateway.broker.connection import Connection, State
+from gateway.broker.logins import (
+    WAITING_PER_ADDRESS,
+    AddressRecord,
+    LoginAttempt,
+    address_key,
+)
 from gateway.broker.session import Session
 from gateway.mqtt.packets import MQTT_5, Auth, ConnAck, Connect, Disconnect, PingReq, Will
 from gateway.mqtt.properties import EMPTY, Properties
@@ -21,7 +28,7 @@ _PINGRESP = b"\xd0\x00"
 
 
 def handle_connect(broker: Broker, conn: Connection, packet: Connect, now: float) -> None:
-    if conn.state is not State.NEW:
+    if conn.state is not State.NEW or conn.pending is not None:
         # MQTT-3.1.0-2: a second CONNECT is a protocol violation.
         broker.fail(conn, ReasonCode.PROTOCOL_ERROR, "second CONNECT on a connection", now)
         return
@@ -44,7 +51,6 @@ def handle_connect(broker: Broker, conn: Connection, packet: Connect, now: float
     conn.username = packet.username
 
     # -- client identifier (MQTT-3.1.3-6 .. -8)
-    assigned = False
     if not client_id:
         if not settings.allow_zero_length_client_id:
             broker.refuse_connect(
@@ -67,7 +73,6 @@ def handle_connect(broker: Broker, conn: Connection, packet: Connect, now: float
         while client_id in broker.sessions:
             client_id = settings.assigned_client_id_prefix + broker._client_id_factory()
         conn.client_id = client_id
-        assigned = True
 
     # -- enhanced authentication: no methods are offered (MQTT-4.12.0-1)
     if props.authentication_method is not None:
@@ -80,7 +85,20 @@ def handle_connect(broker: Broker, conn: Connection, packet: Connect, now: float
         return
 
     # -- credentials
-    verdict = broker.authenticator.authenticate(client_id, packet.username, packet.password)
+    policy = conn.policy
+    username = packet.username
+    verdict: int | PasswordCheck
+    if policy is not None and policy.use_identity_as_username:
+        # The verified certificate's CN is the user name; no password is checked.
+        username = conn.identity
+        conn.username = username
+        verdict = ReasonCode.NOT_AUTHORIZED if username is None else ReasonCode.SUCCESS
+    else:
+        authenticator = policy.authenticator if policy is not None else broker.authenticator
+        verdict = authenticator.check(client_id, username, packet.password)
+    if isinstance(verdict, PasswordCheck):
+        _check_password(broker, conn, LoginAttempt(conn, packet, username, verdict, ""), now)
+        return
     if verdict != ReasonCode.SUCCESS:
         reason = (
             "bad user name or password"
@@ -89,11 +107,28 @@ def handle_connect(broker: Broker, conn: Connection, packet: Connect, now: float
         )
         broker.refuse_connect(conn, verdict, reason, now)
         return
+    _accept(broker, conn, packet, username, now)
+
+
+def _accept(
+    broker: Broker, conn: Connection, packet: Connect, username: str | None, now: float
+) -> None:
+    """The rest of CONNECT, once the client is authenticated."""
+    assigned = not packet.client_id
+    settings = broker.settings
+    version = packet.protocol_version
+    props = packet.properties
+    client_id = conn.client_id
+    policy = conn.policy
+    acl = policy.acl if policy is not None else broker.acl
+    rules = acl.rules_for(username, client_id) if acl is not None else None
 
     # -- the will must be publishable
     will = packet.will
     if will is not None:
         problem = _will_problem(broker, will)
+        if problem is None and rules is not None and not rules.can_write(will.topic):
+            problem = ReasonCode.NOT_AUTHORIZED, f"will on {will.topic!r} not authorized"
         if problem is not None:
             broker.refuse_connect(conn, problem[0], problem[1], now)
             return
@@ -151,6 +186,11 @@ def handle_connect(broker: Broker, conn: Connection, packet: Connect, now: float
     session.expiry_interval = granted_expiry
     session.connected_expiry_zero = granted_expiry == 0
     session.protocol_version = version
+    session.username = username
+    session.listener = conn.listener
+    if session.rules != rules:
+        broker.apply_rules(session, rules, now)
+    conn.rules = rules
     if broker.journal is not None:
         broker.journal.session(session)
     session.conn = conn
@@ -201,6 +241,143 @@ def handle_connect(broker: Broker, conn: Connection, packet: Connect, now: float
     if session_present:
         broker.resend_inflight(session, conn, now)
         broker.pump(session, now)
+
+
+# ---------------------------------------------------------------------------- logins
+# The password check and the per-address slowdown (gateway.broker.logins).
+
+
+def _check_password(broker: Broker, conn: Connection, attempt: LoginAttempt, now: float) -> None:
+    """Start the check now, or queue it behind the address's running check or delay."""
+    attempt.key = address_key(conn.peer)
+    conn.pending = attempt
+    record = _record(broker, attempt.key, now)
+    if record.busy or now < record.until:
+        if len(record.waiting) >= WAITING_PER_ADDRESS:
+            conn.pending = None
+            broker.refuse_connect(
+                conn,
+                ReasonCode.CONNECTION_RATE_EXCEEDED,
+                f"too many logins from {attempt.key} waiting",
+                now,
+            )
+            return
+        record.waiting.append(attempt)
+        if not record.busy:
+            _arm_wake(broker, attempt.key, record)
+        return
+    _start_check(broker, record, attempt, now)
+
+
+def _record(broker: Broker, key: str, now: float) -> AddressRecord:
+    record, evicted = broker.logins.record(key, now)
+    if evicted is not None:
+        # Evicted to bound the table: whoever waited there is refused, not stranded.
+        broker.timers.cancel(evicted.wake)
+        for attempt in evicted.waiting:
+            if attempt.live:
+                attempt.conn.pending = None
+                broker.refuse_connect(
+                    attempt.conn,
+                    ReasonCode.CONNECTION_RATE_EXCEEDED,
+                    "too many addresses logging in",
+                    now,
+                )
+    return record
+
+
+def _start_check(broker: Broker, record: AddressRecord, attempt: LoginAttempt, now: float) -> None:
+    record.busy = True
+    verifier = broker.verifier
+    if verifier is None:
+        login_decided(broker, attempt, attempt.check.run(), now)
+    else:
+        verifier(attempt)
+
+
+def login_decided(broker: Broker, attempt: LoginAttempt, ok: bool | None, now: float) -> None:
+    """A password check finished (``ok`` None: it could not run). A failure counts for
+    the address even when the client has gone away meanwhile."""
+    settings = broker.settings
+    record = _record(broker, attempt.key, now)
+    record.busy = False
+    conn = attempt.conn
+    live = attempt.live and conn.state is State.NEW
+    if ok is None:
+        if live:
+            conn.pending = None
+            broker.refuse_connect(
+                conn, ReasonCode.SERVER_BUSY, "too many password checks waiting", now
+            )
+    elif ok:
+        broker.logins.succeeded(record)
+        if live:
+            conn.pending = None
+            _accept(broker, conn, attempt.packet, attempt.username, now)
+            if conn.state is State.CONNECTED:
+                broker.data_received(conn, b"", now)  # what arrived meanwhile
+    else:
+        delay = broker.logins.failed(
+            record, now, settings.failed_login_delay, settings.failed_login_delay_max
+        )
+        log.warning(
+            "failed login as %r from %s (%d in a row from this address; next check in %g s)",
+            attempt.username,
+            attempt.key,
+            record.failures,
+            delay,
+        )
+        if live:
+            if delay > 0:
+                # The refusal waits out the delay, so a client cannot guess faster.
+                broker.timers.cancel(conn.timer)
+                conn.timer = broker.timers.at(record.until, _refuse_late, (broker, attempt))
+            else:
+                conn.pending = None
+                broker.refuse_connect(
+                    conn, ReasonCode.BAD_USER_NAME_OR_PASSWORD, "bad user name or password", now
+                )
+    _next_waiting(broker, attempt.key, record, now)
+
+
+def _refuse_late(arg: tuple[Broker, LoginAttempt], now: float) -> None:
+    broker, attempt = arg
+    conn = attempt.conn
+    if attempt.live and conn.state is State.NEW:
+        conn.pending = None
+        conn.timer = None
+        broker.refuse_connect(
+            conn, ReasonCode.BAD_USER_NAME_OR_PASSWORD, "bad user name or password", now
+        )
+
+
+def _next_waiting(broker: Broker, key: str, record: AddressRecord, now: float) -> None:
+    """Start the next waiting login of ``key`` when its turn has come."""
+    while record.waiting and not record.busy:
+        if now < record.until:
+            _arm_wake(broker, key, record)
+            return
+        attempt = record.waiting.popleft()
+        if attempt.live and attempt.conn.state is State.NEW:
+            _start_check(broker, record, attempt, now)
+    if record.idle:
+        broker.logins.forget(key)
+
+
+def _arm_wake(broker: Broker, key: str, record: AddressRecord) -> None:
+    if record.wake is None:
+        record.wake = broker.timers.at(record.until, _wake, (broker, key))
+
+
+def _wake(arg: tuple[Broker, str], now: float) -> None:
+    broker, key = arg
+    record = broker.logins.get(key)
+    if record is not None:
+        record.wake = None
+        _next_waiting(broker, key, record, now)
+
+
+# ---------------------------------------------------------------------------- the rest
 
 
 def handle_pingreq(broker: Broker, conn: Connection, packet: PingReq, now: float) -> None:
