@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests.support.certs import Certs, make_certs
 from tests.support.procs import LedgeProcess, MosquittoProcess
 
 settings.register_profile("default", max_examples=100, deadline=None)
@@ -41,3 +42,9 @@ def mosquitto(tmp_path: Path) -> Iterator[MosquittoProcess]:
     proc = MosquittoProcess(tmp_path).start()
     yield proc
     proc.stop()
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    """A CA, a server certificate for 127.0.0.1 and client certificates (openssl)."""
+    return make_certs(tmp_path_factory.mktemp("certs"))

@@ -217,7 +217,7 @@ def parse_acl_file(text: str) -> Acl:
             continue
         if keyword not in ("topic", "pattern"):
             raise AclFileError(
-                number, f"unknown keyword {keyword!r} (expected topic, pattern or user)"
+                number, f"unknown keyword {_quoted(keyword)}(expected topic, pattern or user)"
             )
         if not rest:
             raise AclFileError(number, f"{keyword} without a topic")
@@ -228,7 +228,7 @@ def parse_acl_file(text: str) -> Acl:
             if access is None:
                 raise AclFileError(
                     number,
-                    f"unknown access {word!r} (expected read, write, readwrite or deny)",
+                    f"unknown access {_quoted(word)}(expected read, write, readwrite or deny)",
                 )
         else:  # "topic TOPIC": read and write
             topic, access = word, READWRITE
@@ -238,6 +238,12 @@ def parse_acl_file(text: str) -> Acl:
         entry = AclEntry(topic, access)
         (patterns if keyword == "pattern" else current).append(entry)
     return Acl(users, anonymous, patterns)
+
+
+def _quoted(word: str) -> str:
+    """``word`` quoted for an error message when it looks like a word, else nothing:
+    a file given by mistake (a password file, a key) must not end up in a log."""
+    return f"{word!r} " if word.isidentifier() and len(word) <= 32 else ""
 
 
 def denied_by(deny_subscriptions: Iterable[str], topic_filter: str) -> str | None:
