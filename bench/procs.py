@@ -244,12 +244,21 @@ class RssSampler:
 class Broker:
     """One broker process on a fresh loopback port."""
 
-    def __init__(self, kind: str, workdir: Path, label: str, extra_config: str = "") -> None:
+    def __init__(
+        self,
+        kind: str,
+        workdir: Path,
+        label: str,
+        extra_config: str = "",
+        broker_options: str = "",
+    ) -> None:
         self.kind = kind
         self.workdir = workdir
         self.label = label
-        #: TOML appended to a Ledge broker's config (e.g. ``[[serial]]`` devices).
+        #: TOML appended to a Ledge broker's config (e.g. ``[[serial]]`` devices) ...
         self.extra_config = extra_config
+        #: ... and lines for its [broker] table.
+        self.broker_options = broker_options
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / f"{label}.log"
@@ -269,6 +278,7 @@ class Broker:
             if not default_config:
                 conf = self.workdir / f"{self.label}.toml"
                 text = f"[broker]\nmax_connections = {max(1024, max_connections)}\n"
+                text += self.broker_options
                 if self.kind != "ledge":
                     durability = self.kind.removeprefix("ledge-")
                     text += f'[store]\ndurability = "{durability}"\n'

@@ -164,11 +164,14 @@ def one_round(workdir: Path, pinning: Pinning, protocol: str, duration: float, l
     link = workdir / f"{label}-serial-by-id"
     link.symlink_to(os.ttyname(slave))
     os.close(slave)  # the gateway opens it by the link, as /dev/serial/by-id/...
-    extra = (  # continues the [broker] table: drop counters on $SYS every second
-        'sys_interval = 1\n[gateway]\nid = "bench"\n'
+    extra = (
+        '\n[gateway]\nid = "bench"\n'
         f'[[serial]]\nname = "dev"\npath = "{link}"\nprotocol = "{protocol}"\n'
     )
-    broker = Broker("ledge", workdir, label, extra_config=extra)
+    # Drop counters on $SYS every second.
+    broker = Broker(
+        "ledge", workdir, label, extra_config=extra, broker_options="sys_interval = 1\n"
+    )
     sub: Subscriber | None = None
     writer: Writer | None = None
     try:

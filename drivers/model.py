@@ -15,7 +15,6 @@ or, with plain payloads, just the value as text (``47.2851``).
 
 from __future__ import annotations
 
-import base64
 import functools
 import json
 import math
@@ -23,6 +22,10 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+# The cloud bridge's upstream marks (drivers.envelope, which the gateway imports
+# without pydantic), re-exported: the pipeline reads everything from this module.
+from drivers.envelope import GATEWAY_PROPERTY, SEQUENCE_PROPERTY, envelope, open_envelope
 
 #: Characters a topic level built from a name may not contain.
 _FORBIDDEN = frozenset("/+#\x00")
@@ -175,53 +178,6 @@ def now_utc() -> datetime:
     return datetime.now(UTC)
 
 
-# ---------------------------------------------------------------- upstream marks
-# What the cloud bridge adds to every message it sends upstream, so consumers can
-# deduplicate redeliveries exactly: the gateway's id and a per-gateway sequence
-# number that only grows (also across restarts).
-
-#: MQTT 5 user property holding the gateway id.
-GATEWAY_PROPERTY: Final = "ledge-gateway"
-#: MQTT 5 user property holding the sequence number (decimal text).
-SEQUENCE_PROPERTY: Final = "ledge-seq"
-
-
-def envelope(gateway: str, seq: int, payload: bytes) -> bytes:
-    """The JSON envelope for remotes without user properties (MQTT 3.1.1).
-
-    ``{"gateway": "gw1", "seq": 42, "payload": <the payload as JSON>}``; a payload that
-    is not JSON travels as ``"payload_base64"`` instead."""
-    head = f'{{"gateway":{json.dumps(gateway)},"seq":{int(seq)},'
-    try:
-        json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return (head + f'"payload_base64":"{base64.b64encode(payload).decode()}"}}').encode()
-    return head.encode() + b'"payload":' + payload.strip() + b"}"
-
-
-def open_envelope(data: bytes) -> tuple[str, int, bytes]:
-    """``(gateway, seq, payload)`` from an envelope; ValueError naming what is wrong."""
-    try:
-        body = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"envelope is not JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise ValueError("envelope is not a JSON object")
-    gateway, seq = body.get("gateway"), body.get("seq")
-    if not isinstance(gateway, str) or not isinstance(seq, int) or isinstance(seq, bool):
-        raise ValueError("envelope lacks a gateway (text) or seq (integer)")
-    if "payload" in body:
-        payload = json.dumps(body["payload"], separators=(",", ":"), ensure_ascii=False).encode()
-    elif isinstance(body.get("payload_base64"), str):
-        try:
-            payload = base64.b64decode(body["payload_base64"], validate=True)
-        except ValueError as exc:
-            raise ValueError(f"envelope payload_base64: {exc}") from None
-    else:
-        raise ValueError("envelope has neither payload nor payload_base64")
-    return gateway, seq, payload
-
-
 # ---------------------------------------------------------------- gateway health
 # Every gateway publishes <prefix>/<gateway>/health periodically (mirrored upstream
 # like any topic): what it dropped since its previous health message, and more.
@@ -265,3 +221,22 @@ def health_from_message(
         return levels[1], Health.model_validate_json(payload)
     except ValidationError as exc:
         raise ValueError(f"health payload: {exc.errors()[0]['msg']}") from None
+
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "FIELDS",
+    "GATEWAY_PROPERTY",
+    "SEQUENCE_PROPERTY",
+    "Health",
+    "Reading",
+    "envelope",
+    "health_from_message",
+    "health_payload",
+    "health_topic",
+    "now_utc",
+    "open_envelope",
+    "reading_from_message",
+    "reading_payload",
+    "reading_topic",
+]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import logging
 import os
 import signal
@@ -37,8 +38,10 @@ from gateway.runtime import (
 )
 
 if TYPE_CHECKING:
+    from gateway.bridge.link import Bridge
+    from gateway.bridge.sequence import Sequence
     from gateway.sensors import SensorHub
-    from gateway.store.sqlite import Store
+    from gateway.store.sqlite import Snapshot, Store
     from gateway.taps import TapPlane
 
 log = logging.getLogger("ledge")
@@ -95,6 +98,11 @@ class Gateway:
         self._write_failing = False
         self.sensors: SensorHub | None = None
         self.taps: TapPlane | None = None
+        self.bridges: list[Bridge] = []
+        self._snapshot: Snapshot | None = None
+        self._sequence: Sequence | None = None
+        self._health_timer: asyncio.TimerHandle | None = None
+        self._drops_reported = 0
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -127,7 +135,10 @@ class Gateway:
                     config.config_path or "<command line>",
                     [f"listeners[{i}]: cannot listen on {where}: {exc.strerror or exc}"],
                 ) from None
+        self._start_bridges()
         self._start_sensors_and_taps(loop)
+        self._schedule_health(loop)
+        self._snapshot = None
         release_free_memory()
         log.info(
             "ledge %s started (pid %d, event loop %s)",
@@ -166,6 +177,82 @@ class Gateway:
             )
             self.taps.start()
 
+    # ------------------------------------------------------------------ bridges
+
+    def _start_bridges(self) -> None:
+        config = self.config
+        snapshot = self._snapshot
+        if snapshot is not None:
+            for name, rows in snapshot.outbox.items():
+                if name not in {b.name for b in config.bridges}:
+                    log.warning(
+                        "the store holds an outbox of %d message(s) for bridge %r, which is "
+                        "not configured: kept until it is configured again",
+                        len(rows),
+                        name,
+                    )
+        if not config.bridges:
+            return
+        # Imported here: a gateway without bridges never loads aiomqtt and paho.
+        from gateway.bridge.link import Bridge
+        from gateway.bridge.sequence import Sequence
+
+        assert self.broker is not None and self.server is not None
+        sequence = self._sequence
+        if sequence is None:
+            # No store: start at the wall clock in microseconds (see gateway.bridge.sequence).
+            sequence = Sequence(time.time_ns() // 1000)
+        for settings in config.bridges:
+            bridge = Bridge(
+                settings,
+                gateway=config.sensors.gateway,
+                prefix=config.sensors.prefix,
+                broker=self.broker,
+                sequence=sequence,
+                kick=self.server.after_event,
+                store=self.store,
+            )
+            if snapshot is not None:
+                bridge.outbox.restore(snapshot.outbox.get(settings.name, ()))
+            if self.store is None:
+                log.warning(
+                    "bridge %s: no data_dir, so its outbox lives in memory and is lost on restart",
+                    settings.name,
+                )
+            bridge.start()
+            self.bridges.append(bridge)
+
+    # ------------------------------------------------------------------ health
+
+    def _schedule_health(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.config.health_interval > 0:
+            self._health_timer = loop.call_later(self.config.health_interval, self._health)
+
+    def _health(self) -> None:
+        """Publish <prefix>/<gateway>/health: what was dropped since the last report."""
+        broker, server = self.broker, self.server
+        assert broker is not None and server is not None
+        loop = server.loop
+        dropped = broker.stats.drops() + sum(b.drops for b in self.bridges)
+        if self.taps is not None:
+            dropped += self.taps.stats.dropped
+        body = {
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+            "dropped": max(0, dropped - self._drops_reported),
+            "queued": sum(b.outbox.count for b in self.bridges),
+            "uptime": round(loop.time() - broker.started, 3),
+        }
+        self._drops_reported = dropped
+        sensors = self.config.sensors
+        broker.publish_local(
+            f"{sensors.prefix}/{sensors.gateway}/health",
+            json.dumps(body, separators=(",", ":")).encode(),
+            loop.time(),
+            qos=1,
+        )
+        server.after_event()
+        self._schedule_health(loop)
+
     # ------------------------------------------------------------------ store
 
     def _open_store(self, loop: asyncio.AbstractEventLoop, directory: Path) -> None:
@@ -180,6 +267,15 @@ class Gateway:
             raise StartupError(str(exc)) from None
         assert self.broker is not None and self.server is not None
         restore(self.broker, snapshot, loop.time(), time.time())
+        self._snapshot = snapshot  # the bridges take their outboxes from it
+        if self.config.bridges:
+            from gateway.bridge.sequence import META_KEY, Sequence
+
+            # Reserve the first block of sequence numbers before anything can use one.
+            self._sequence, reserve = Sequence.resume(
+                int(snapshot.meta.get(META_KEY, "0")), snapshot.outbox_max_seq
+            )
+            store.set_meta_now(META_KEY, str(reserve))
         store.start(
             loop.call_soon_threadsafe, self._committed, self._store_failed, self._store_fullness
         )
@@ -214,6 +310,8 @@ class Gateway:
             log.warning("store writes again")
         broker.store_full = store.full
         broker.batch_committed(upto)
+        for bridge in self.bridges:
+            bridge.committed(upto)
         if server.reading_paused and store.backlog < STORE_BACKLOG_LOW:
             log.info("store caught up: reading from clients again")
             server.pause_reading(False)
@@ -248,10 +346,14 @@ class Gateway:
         await self._stop.wait()
 
     async def close(self) -> None:
+        if self._health_timer is not None:
+            self._health_timer.cancel()
         if self.sensors is not None:
             await self.sensors.stop()
         if self.taps is not None:
             await self.taps.stop()
+        for bridge in self.bridges:
+            await bridge.stop()
         server, broker, store = self.server, self.broker, self.store
         if server is not None:
             log.info("shutting down")

@@ -23,6 +23,8 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.bridge.rules import rule_errors
+from gateway.bridge.settings import BridgeSettings, OutboxSettings, RuleSettings, TlsSettings
 from gateway.broker.settings import NEVER_EXPIRES, BrokerSettings
 from gateway.mqtt.reason_codes import ReasonCode
 from gateway.mqtt.topics import filter_error
@@ -215,6 +217,7 @@ def default_gateway_id() -> str:
 
 class GatewayConfig(_Model):
     id: str = Field(default_factory=default_gateway_id, json_schema_extra=_reload(False))
+    health_interval: float = Field(60.0, ge=0, json_schema_extra=_reload(False))
 
     @field_validator("id")
     @classmethod
@@ -285,6 +288,135 @@ class StoreConfig(_Model):
     max_bytes: int = Field(0, ge=0, json_schema_extra=_reload(False))
 
 
+class BridgeTlsConfig(_Model):
+    enabled: bool = False
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    insecure: bool = False
+
+    @model_validator(mode="after")
+    def _files(self) -> BridgeTlsConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together (mutual TLS)")
+        for name in ("ca_file", "cert_file", "key_file"):
+            path: Path | None = getattr(self, name)
+            if path is not None and not path.is_file():
+                raise ValueError(f"{name}: no such file: {path}")
+        return self
+
+
+class BridgeRuleConfig(_Model):
+    filter: str = Field(min_length=1)
+    direction: Literal["out", "in", "both"] = "out"
+    qos: int = Field(1, ge=0, le=2)
+    local_prefix: str = ""
+    remote_prefix: str = ""
+    retain: Literal["keep", "strip"] = "keep"
+
+    @model_validator(mode="after")
+    def _valid(self) -> BridgeRuleConfig:
+        problems = rule_errors(RuleSettings(**self.model_dump()))
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+class OutboxConfig(_Model):
+    max_bytes: int = Field(64 * 1024 * 1024, ge=1024)
+    max_messages: int = Field(500_000, ge=1)
+    when_full: Literal["drop-oldest", "drop-newest", "refuse"] = "drop-oldest"
+    memory_bytes: int = Field(4 * 1024 * 1024, ge=64 * 1024)
+
+
+class BridgeConfig(_Model):
+    name: str = Field(min_length=1, json_schema_extra=_reload(False))
+    address: str | None = Field(None, json_schema_extra=_reload(False))
+    addresses: list[str] = Field(default_factory=list, json_schema_extra=_reload(False))
+    protocol: Literal["5.0", "3.1.1"] = Field("5.0", json_schema_extra=_reload(False))
+    client_id: str = Field("", max_length=65535, json_schema_extra=_reload(False))
+    username: str | None = Field(None, json_schema_extra=_reload(False))
+    password: str | None = Field(None, json_schema_extra=_reload(False))
+    keepalive: int = Field(60, ge=0, le=65535, json_schema_extra=_reload(False))
+    clean_start: bool = Field(False, json_schema_extra=_reload(False))
+    session_expiry: int = Field(3600, ge=0, le=NEVER_EXPIRES, json_schema_extra=_reload(False))
+    tls: BridgeTlsConfig = Field(default_factory=BridgeTlsConfig)
+    rules: list[BridgeRuleConfig] = Field(min_length=1, json_schema_extra=_reload(False))
+    outbox: OutboxConfig = Field(default_factory=OutboxConfig)
+    qos0: Literal["outbox", "bypass"] = Field("outbox", json_schema_extra=_reload(False))
+    max_inflight: int = Field(100, ge=1, le=65535, json_schema_extra=_reload(False))
+    rate_limit: float = Field(0.0, ge=0, json_schema_extra=_reload(False))
+    envelope: bool = Field(False, json_schema_extra=_reload(False))
+    reconnect_min: float = Field(1.0, gt=0, json_schema_extra=_reload(False))
+    reconnect_max: float = Field(60.0, gt=0, json_schema_extra=_reload(False))
+    connect_timeout: float = Field(10.0, gt=0, json_schema_extra=_reload(False))
+
+    @field_validator("name")
+    @classmethod
+    def _topic_level(cls, value: str) -> str:
+        if set(value) & set("/+#$ \x00"):
+            raise ValueError("must not contain '/', '+', '#', '$' or spaces (it is a topic level)")
+        return value
+
+    @model_validator(mode="after")
+    def _remote(self) -> BridgeConfig:
+        if not self.address and not self.addresses:
+            raise ValueError("give the remote broker as address (or addresses, tried in turn)")
+        for text in self.remote_addresses():
+            parse_remote(text, self.tls.enabled)
+        if self.reconnect_max < self.reconnect_min:
+            raise ValueError("reconnect_max must not be below reconnect_min")
+        return self
+
+    def remote_addresses(self) -> list[str]:
+        return ([self.address] if self.address else []) + list(self.addresses)
+
+    def to_settings(self) -> BridgeSettings:
+        return BridgeSettings(
+            name=self.name,
+            addresses=tuple(parse_remote(a, self.tls.enabled) for a in self.remote_addresses()),
+            rules=tuple(RuleSettings(**r.model_dump()) for r in self.rules),
+            protocol=5 if self.protocol == "5.0" else 4,
+            client_id=self.client_id,
+            username=self.username,
+            password=self.password,
+            tls=TlsSettings(
+                self.tls.enabled,
+                None if self.tls.ca_file is None else str(self.tls.ca_file),
+                None if self.tls.cert_file is None else str(self.tls.cert_file),
+                None if self.tls.key_file is None else str(self.tls.key_file),
+                self.tls.insecure,
+            ),
+            keepalive=self.keepalive,
+            clean_start=self.clean_start,
+            session_expiry=self.session_expiry,
+            outbox=OutboxSettings(**self.outbox.model_dump()),
+            qos0=self.qos0,
+            max_inflight=self.max_inflight,
+            rate_limit=self.rate_limit,
+            envelope=self.envelope,
+            reconnect_min=self.reconnect_min,
+            reconnect_max=self.reconnect_max,
+            connect_timeout=self.connect_timeout,
+        )
+
+
+def parse_remote(text: str, tls: bool) -> tuple[str, int]:
+    """``host[:port]`` (port 1883, or 8883 with TLS)."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or "]" in port_text:
+        host, port_text = text, ""
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host:
+        raise ValueError(f"address {text!r} has no host")
+    if not port_text:
+        return host, 8883 if tls else 1883
+    if not port_text.isdigit() or not 0 < int(port_text) <= 65535:
+        raise ValueError(f"address {text!r}: port {port_text!r} is not 1..65535")
+    return host, int(port_text)
+
+
 class AuthConfig(_Model):
     """Defaults for listeners that say nothing, and the failed-login slowdown."""
 
@@ -321,6 +453,7 @@ class Config(_Model):
     serial: list[SerialConfig] = Field(default_factory=list, json_schema_extra=_reload(False))
     homeassistant: HomeAssistantConfig = Field(default_factory=HomeAssistantConfig)
     taps: TapsConfig = Field(default_factory=TapsConfig)
+    bridges: list[BridgeConfig] = Field(default_factory=list, json_schema_extra=_reload(False))
 
     @field_validator("serial")
     @classmethod
@@ -329,6 +462,15 @@ class Config(_Model):
         for name in names:
             if names.count(name) > 1:
                 raise ValueError(f"two serial devices are named {name!r}")
+        return value
+
+    @field_validator("bridges")
+    @classmethod
+    def _unique_bridges(cls, value: list[BridgeConfig]) -> list[BridgeConfig]:
+        names = [b.name for b in value]
+        for name in names:
+            if names.count(name) > 1:
+                raise ValueError(f"two bridges are named {name!r}")
         return value
 
     auth: AuthConfig = Field(default_factory=AuthConfig)
@@ -368,6 +510,8 @@ class Config(_Model):
                 discovery_prefix=self.homeassistant.discovery_prefix,
             ),
             taps=TapSettings(self.taps.module, self.taps.queue_size),
+            bridges=tuple(b.to_settings() for b in self.bridges),
+            health_interval=self.gateway.health_interval,
             config_path=None if path is None else str(path),
             override_args=overrides.args() if overrides is not None else (),
             reloadable=(
@@ -486,14 +630,22 @@ class _KeyLines:
         for number, line in enumerate(text.splitlines(), start=1):
             header = _HEADER.match(line)
             if header:
+                # A parent that is an array of tables means its latest element:
+                # [[bridges.rules]] -> ("bridges", <current bridge>, "rules", <n>).
                 names = _split_key(header.group(2))
+                resolved: list[int | str] = []
+                for i, name in enumerate(names):
+                    resolved.append(name)
+                    parent = tuple(str(p) for p in resolved)
+                    if i < len(names) - 1 and parent in counts:
+                        resolved.append(counts[parent] - 1)
                 if header.group(1) == "[[":
-                    base = tuple(names)
+                    base = tuple(str(p) for p in resolved)
                     index = counts.get(base, 0)
                     counts[base] = index + 1
-                    table = (*names, index)
+                    table = (*resolved, index)
                 else:
-                    table = tuple(names)
+                    table = tuple(resolved)
                 self.lines.setdefault(table, number)
                 continue
             key = _KEY.match(line)

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from gateway.bridge.settings import BridgeSettings, OutboxSettings, RuleSettings, TlsSettings
 from gateway.broker.acl import Acl, AclFileError, parse_acl_file
 from gateway.broker.auth import (
     ListenerPolicy,
@@ -121,6 +122,9 @@ class RuntimeConfig:
     store: StoreSettings = field(default_factory=StoreSettings)
     sensors: SensorSettings = field(default_factory=lambda: SensorSettings("ledge"))
     taps: TapSettings = field(default_factory=TapSettings)
+    bridges: tuple[BridgeSettings, ...] = ()
+    #: Seconds between <prefix>/<gateway>/health reports; 0: none.
+    health_interval: float = 60.0
     #: The file the config came from (None: the embedded default) ...
     config_path: str | None = None
     #: ... and the command-line flags that override it, re-applied on reload.
@@ -148,6 +152,8 @@ class RuntimeConfig:
             store=StoreSettings(**data["store"]),
             sensors=_sensor_settings(data["sensors"]),
             taps=TapSettings(**data["taps"]),
+            bridges=tuple(_bridge_settings(b) for b in data["bridges"]),
+            health_interval=data["health_interval"],
             config_path=data["config_path"],
             override_args=tuple(data["override_args"]),
             reloadable=tuple(data["reloadable"]),
@@ -165,6 +171,18 @@ def _sensor_settings(data: dict[str, Any]) -> SensorSettings:
         for s in data["serial"]
     )
     return SensorSettings(**{**data, "serial": serial})
+
+
+def _bridge_settings(data: dict[str, Any]) -> BridgeSettings:
+    return BridgeSettings(
+        **{
+            **data,
+            "addresses": tuple((host, port) for host, port in data["addresses"]),
+            "rules": tuple(RuleSettings(**r) for r in data["rules"]),
+            "tls": TlsSettings(**data["tls"]),
+            "outbox": OutboxSettings(**data["outbox"]),
+        }
+    )
 
 
 def build_authenticator(

@@ -14,6 +14,8 @@ from pydantic import BaseModel
 from gateway import __version__
 from gateway.config import (
     AuthConfig,
+    BridgeConfig,
+    BridgeRuleConfig,
     BrokerConfig,
     Config,
     GatewayConfig,
@@ -85,6 +87,8 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("# [[serial]]", SerialConfig),
     ("[homeassistant]", HomeAssistantConfig),
     ("[taps]", TapsConfig),
+    ("# [[bridges]]", BridgeConfig),
+    ("# [[bridges.rules]]", BridgeRuleConfig),
     ("[auth]", AuthConfig),
     ("[log]", LogConfig),
 ]
@@ -114,6 +118,7 @@ def test_example_config_documents_every_option_and_its_reload(
             "serial",
             "homeassistant",
             "taps",
+            "bridges",
         ):
             continue
         m = re.search(rf"^((?:#.*\n)+)#? ?{name} = ", section, re.M)

@@ -93,6 +93,7 @@ def test_no_layer_imports_to_its_right(layer: str) -> None:
 
 #: Driver modules that must stay pure: bytes in, readings out, no I/O and no clock.
 PURE_DRIVERS = [
+    "drivers/envelope.py",
     "drivers/parsers",
     "drivers/lines.py",
     "drivers/mapping.py",
@@ -134,6 +135,32 @@ def test_driver_parsers_are_pure(where: str) -> None:
                 and top not in DRIVER_THIRD_PARTY
             ):
                 problems.append(f"{path.name} imports third-party {module}")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_gateway_reads_upstream_marks_without_pydantic() -> None:
+    """The bridge imports drivers.envelope; the gateway process must not load pydantic."""
+    found = imports(REPO / "drivers/envelope.py")
+    assert all(m.split(".")[0] in sys.stdlib_module_names | {"__future__"} for m in found)
+
+
+#: The bridge's pure parts: topic rules, the outbox, sequence numbers, settings.
+PURE_BRIDGE = ["rules.py", "outbox.py", "sequence.py", "settings.py"]
+
+
+@pytest.mark.parametrize("name", PURE_BRIDGE)
+def test_the_bridges_decisions_are_pure(name: str) -> None:
+    allowed = {"gateway.mqtt", "gateway.broker", "gateway.store", "gateway.bridge"}
+    problems = []
+    for module in imports(REPO / "gateway/bridge" / name):
+        top = module.split(".")[0]
+        if top in IMPURE_MODULES:
+            problems.append(f"imports {module} (I/O or clock)")
+        elif top == "gateway":
+            if layer_of(module) not in allowed or module == "gateway.store.sqlite":
+                problems.append(f"imports {module}")
+        elif top not in sys.stdlib_module_names and top != "__future__":
+            problems.append(f"imports third-party {module}")
     assert not problems, "\n".join(problems)
 
 

@@ -11,7 +11,7 @@ import pytest
 from gateway import taps
 from gateway.broker.local import LocalClient
 from gateway.broker.message import Message
-from gateway.mqtt import MQTT_5
+from gateway.mqtt import MQTT_5, MQTT_311
 from tests.support.clients import Paho
 from tests.support.harness import Harness
 from tests.support.procs import LedgeProcess
@@ -86,6 +86,22 @@ def test_local_client_ids_do_not_collide_and_close_cleans_up() -> None:
     local.subscribe("a/b")
     local.close(h.now)
     assert "x" not in h.broker.sessions and h.broker.index.count == 0
+
+
+@pytest.mark.parametrize("version", [MQTT_311, MQTT_5])
+def test_network_clients_cannot_take_over_an_in_process_session(version: int) -> None:
+    h = Harness()
+    got, sink = collector()
+    local = LocalClient(h.broker, "ledge-bridge-cloud", sink)  # type: ignore[arg-type]
+    local.subscribe("a/#")
+    intruder = h.client(version)
+    ack = intruder.connect("ledge-bridge-cloud", clean_start=True)
+    assert ack.reason_code == (0x85 if version == MQTT_5 else 2)  # identifier not valid
+    assert h.broker.sessions["ledge-bridge-cloud"] is local.session
+    other = h.client()
+    other.connect("p")
+    other.publish("a/b", b"still here")
+    assert [m[1] for m in got] == [b"still here"]
 
 
 # --------------------------------------------------------------------------- taps

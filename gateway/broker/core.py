@@ -131,6 +131,9 @@ class Broker:
         #: Other parts of the gateway (taps, sensors, bridges) adding ``$SYS`` values:
         #: each returns topic -> value below ``$SYS/broker/``.
         self.sys_sources: list[Callable[[], dict[str, str]]] = []
+        #: Checks every QoS 1/2 PUBLISH from a client must pass (``publish_refusal``):
+        #: each gets the topic and payload size and returns why not, or None.
+        self.publish_gates: list[Callable[[str, int], str | None]] = []
         if self.settings.sys_interval > 0:
             self.timers.at(now, self._sys_timer, None)
         self._handlers: dict[type, Handler] = {
@@ -308,11 +311,22 @@ class Broker:
             session.persisted for group in route.shared for session, _s in group.members.values()
         )
 
-    def refuse_unstorable(self, conn: Connection, topic: str, now: float) -> int | None:
-        """The store is full: the reason code to acknowledge with (v5), or None after
-        closing a 3.1.1 connection (which has no negative acknowledgement)."""
+    def publish_refusal(self, topic: str, retain: bool, size: int) -> str | None:
+        """Why a QoS 1/2 PUBLISH on ``topic`` cannot be accepted now, or None: the store
+        is full and the message would be stored, or a gate (a bridge's full outbox with
+        the policy "refuse") says no."""
+        if self.store_full and self.would_store(topic, retain):
+            return f"store full: message on {topic!r} for persistent sessions refused"
+        for gate in self.publish_gates:
+            why = gate(topic, size)
+            if why is not None:
+                return why
+        return None
+
+    def refuse_publish(self, conn: Connection, reason: str, now: float) -> int | None:
+        """Refuse a QoS 1/2 PUBLISH: the reason code to acknowledge with (v5), or None
+        after closing a 3.1.1 connection (which has no negative acknowledgement)."""
         self.stats.publish_denied += 1
-        reason = f"store full: message on {topic!r} for persistent sessions refused"
         if conn.version == MQTT_5:
             log.warning("refusing PUBLISH from %s: %s", conn.label, reason)
             return ReasonCode.QUOTA_EXCEEDED

@@ -138,6 +138,15 @@ def _accept(
         return
 
     existing = broker.sessions.get(client_id)
+    if existing is not None and existing.sink is not None:
+        # In use inside the gateway (a driver, a bridge, the taps): never taken over.
+        broker.refuse_connect(
+            conn,
+            ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+            f"client identifier {client_id!r} is used inside the gateway",
+            now,
+        )
+        return
     takeover = existing is not None and existing.conn is not None
 
     # -- negotiated limits

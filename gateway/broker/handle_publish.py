@@ -100,11 +100,13 @@ def _publish_plain(
         msg.raw = raw if type(raw) is bytes else bytes(raw)
         msg.raw_version = conn.version
     broker.stats.publish_received += 1
-    if qos and broker.store_full and broker.would_store(topic, False):
-        code = broker.refuse_unstorable(conn, topic, now)
-        if code is not None:
-            broker.send_bytes(conn, _ack(0x40, pid, code, conn.version))
-        return
+    if qos and (broker.store_full or broker.publish_gates):
+        why = broker.publish_refusal(topic, False, len(payload))
+        if why is not None:
+            code = broker.refuse_publish(conn, why, now)
+            if code is not None:
+                broker.send_bytes(conn, _ack(0x40, pid, code, conn.version))
+            return
     journal = broker.journal
     mark = len(journal.ops) if journal is not None else 0
     delivered = broker.publish(msg, now)
@@ -213,8 +215,10 @@ def _route(broker: Broker, conn: Connection, packet: Publish, topic: str, now: f
                 return None
             log.info("refusing PUBLISH from %s on %r: %s", conn.label, topic, reason)
             return ReasonCode.PAYLOAD_FORMAT_INVALID
-    if qos and broker.store_full and broker.would_store(topic, packet.retain):
-        return broker.refuse_unstorable(conn, topic, now)
+    if qos and (broker.store_full or broker.publish_gates):
+        why = broker.publish_refusal(topic, packet.retain, len(packet.payload))
+        if why is not None:
+            return broker.refuse_publish(conn, why, now)
     if topic.startswith("$SYS"):
         # $SYS belongs to the broker; a client's write is refused (3.1.1: silently dropped).
         broker.stats.publish_denied += 1

@@ -49,9 +49,11 @@ class LocalClient:
         *,
         retained: bool = True,
         no_local: bool = False,
+        retain_as_published: bool = False,
         identifier: int | None = None,
     ) -> None:
-        """Subscribe; with ``retained`` the matching retained messages arrive at once."""
+        """Subscribe; with ``retained`` the matching retained messages arrive at once.
+        With ``retain_as_published`` live messages keep their retain flag (a bridge)."""
         shared = parse_shared(topic_filter)  # raises ValueError for a bad shared filter
         if shared is None:
             error = filter_error(topic_filter)
@@ -60,7 +62,7 @@ class LocalClient:
             share_name, inner = None, topic_filter
         else:
             share_name, inner = shared
-        sub = Subscription(inner, qos, no_local, False, 0, identifier, share_name)
+        sub = Subscription(inner, qos, no_local, retain_as_published, 0, identifier, share_name)
         old = self.session.subscriptions.get(topic_filter)
         if old is not None:
             self.broker.index.remove(self.session, old)

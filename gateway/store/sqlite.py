@@ -33,11 +33,11 @@ from typing import Any, Final
 from gateway.broker.journal import Op
 from gateway.mqtt.packets import Will
 from gateway.mqtt.properties import Where, decode_properties, encode_properties
-from gateway.store.settings import StoreSettings
+from gateway.store.settings import OUTBOX_ENTRY_OVERHEAD, StoreSettings
 
 log = logging.getLogger("ledge.store")
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 FILENAME: Final = "ledge.db"
 
 #: Migrations from version N-1 to N, applied in order inside one transaction.
@@ -101,6 +101,22 @@ MIGRATIONS: Final[dict[int, tuple[str, ...]]] = {
             expiry_interval INTEGER,
             created REAL NOT NULL
         ) WITHOUT ROWID""",
+    ),
+    2: (
+        # The cloud bridges' outboxes: one contiguous run of positions per bridge.
+        """CREATE TABLE outbox (
+            bridge TEXT NOT NULL,
+            pos INTEGER NOT NULL,
+            seq INTEGER NOT NULL,
+            topic TEXT NOT NULL,
+            payload BLOB NOT NULL,
+            qos INTEGER NOT NULL,
+            retain INTEGER NOT NULL,
+            properties BLOB NOT NULL,
+            created REAL NOT NULL,
+            expires REAL,
+            PRIMARY KEY (bridge, pos)
+        )""",
     ),
 }
 
@@ -183,6 +199,11 @@ class Snapshot:
     retained: list[StoredMessage]
     next_message_id: int
     next_seq: int
+    #: Per bridge: ``(pos, size, created)`` of each outbox row, in position order.
+    outbox: dict[str, list[tuple[int, int, float]]] = field(default_factory=dict)
+    #: Per bridge: the highest gateway sequence number in its outbox.
+    outbox_max_seq: int = 0
+    meta: dict[str, str] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- will codec
@@ -235,6 +256,8 @@ class Store:
         self._schedule: Callable[..., Any] | None = None
         self.commits = 0
         self.ops_written = 0
+        self._reader: sqlite3.Connection | None = None
+        self._read_lock = threading.Lock()
 
     # ------------------------------------------------------------------ opening
 
@@ -402,7 +425,36 @@ class Store:
             )
         ]
         next_id = (db.execute("SELECT max(id) FROM messages").fetchone()[0] or 0) + 1
-        return Snapshot(list(sessions.values()), messages, retained, next_id, next_seq)
+        outbox: dict[str, list[tuple[int, int, float]]] = {}
+        for row in db.execute(
+            "SELECT bridge, pos, length(topic) + length(payload) + length(properties), created "
+            "FROM outbox ORDER BY bridge, pos"
+        ):
+            outbox.setdefault(row[0], []).append((row[1], row[2] + OUTBOX_ENTRY_OVERHEAD, row[3]))
+        max_seq = db.execute("SELECT max(seq) FROM outbox").fetchone()[0] or 0
+        meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
+        return Snapshot(
+            list(sessions.values()), messages, retained, next_id, next_seq, outbox, max_seq, meta
+        )
+
+    # ------------------------------------------------------------------ reading
+
+    def read_outbox(self, bridge: str, first: int, count: int) -> list[tuple[Any, ...]]:
+        """Committed outbox rows of ``bridge`` from position ``first`` on (any thread):
+        ``(pos, seq, topic, payload, qos, retain, properties, created, expires)``."""
+        with self._read_lock:
+            if self._reader is None:
+                self._reader = sqlite3.connect(self.path, check_same_thread=False)
+            return self._reader.execute(
+                "SELECT pos, seq, topic, payload, qos, retain, properties, created, expires "
+                "FROM outbox WHERE bridge = ? AND pos >= ? ORDER BY pos LIMIT ?",
+                (bridge, first, count),
+            ).fetchall()
+
+    def set_meta_now(self, key: str, value: str) -> None:
+        """Write one meta value at once, durably (before the writer starts)."""
+        assert self._db is not None
+        self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
     # ------------------------------------------------------------------ writing
 
@@ -444,6 +496,10 @@ class Store:
             self._stopping.set()
             self._thread.join(30)
             self._thread = None
+        with self._read_lock:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
         if self._db is not None:
             with contextlib.suppress(sqlite3.DatabaseError):
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -643,6 +699,23 @@ def _unretain(db: sqlite3.Connection, op: Op, offset: float) -> None:
     db.execute("DELETE FROM retained WHERE topic = ?", (op[1],))
 
 
+def _outbox_put(db: sqlite3.Connection, op: Op, offset: float) -> None:
+    db.execute(_OUTBOX_PUT, op[1:])
+
+
+def _outbox_done(db: sqlite3.Connection, op: Op, offset: float) -> None:
+    db.execute(_OUTBOX_DONE, op[1:])
+
+
+def _meta(db: sqlite3.Connection, op: Op, offset: float) -> None:
+    db.execute(_META, op[1:])
+
+
+_OUTBOX_PUT: Final = "INSERT OR REPLACE INTO outbox VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_OUTBOX_DONE: Final = "DELETE FROM outbox WHERE bridge = ? AND pos = ?"
+_META: Final = "INSERT OR REPLACE INTO meta VALUES (?, ?)"
+
+
 _APPLY: Final[dict[str, Callable[[sqlite3.Connection, Op, float], None]]] = {
     "session": _session,
     "session_end": _session_end,
@@ -657,6 +730,9 @@ _APPLY: Final[dict[str, Callable[[sqlite3.Connection, Op, float], None]]] = {
     "incoming_done": _incoming_done,
     "retain": _retain,
     "unretain": _unretain,
+    "outbox_put": _outbox_put,
+    "outbox_done": _outbox_done,
+    "meta": _meta,
 }
 
 #: Operations whose place in the sequence matters beyond their own rows (a session end
@@ -674,6 +750,9 @@ _GROUPED: Final = (
     ("message_gone", "DELETE FROM messages WHERE id = ?"),
     ("retain", "INSERT OR REPLACE INTO retained VALUES (?, ?, ?, ?, ?, ?, ?)"),
     ("unretain", "DELETE FROM retained WHERE topic = ?"),
+    ("outbox_put", _OUTBOX_PUT),
+    ("outbox_done", _OUTBOX_DONE),
+    ("meta", _META),
 )
 
 
@@ -705,6 +784,8 @@ def _rows(op: Op, offset: float) -> tuple[Any, ...]:
     if kind == "retain":
         _, topic, payload, qos, props, origin, expiry, created = op
         return (topic, payload, qos, props, origin, expiry, created + offset)
+    if kind in ("outbox_put", "outbox_done", "meta"):
+        return op[1:]  # wall-clock times already
     return (op[1],)  # unretain
 
 

@@ -1,0 +1,456 @@
+"""The cloud bridge's pure parts: topic rules, the outbox, sequence numbers, its config."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.bridge.outbox import INFLIGHT, Entry, Outbox
+from gateway.bridge.rules import Mapped, explain, map_in, map_out, rule_errors
+from gateway.bridge.sequence import BLOCK, META_KEY, Sequence
+from gateway.bridge.settings import (
+    DROP_NEWEST,
+    DROP_OLDEST,
+    REFUSE,
+    OutboxSettings,
+    RuleSettings,
+)
+from gateway.config import parse_config
+from gateway.runtime import ConfigError, RuntimeConfig
+
+# ---------------------------------------------------------------------- rules
+
+RULES = (
+    RuleSettings("sensors/#", "out", 1, "ledge/gw1/", "site1/gw1/"),  # replace
+    RuleSettings("alerts/+", "out", 0, "", "site1/"),  # add
+    RuleSettings("#", "both", 2, "shared/", "", "strip"),  # strip
+    RuleSettings("cmd/#", "in", 1, "local/", "devices/gw1/"),
+)
+
+
+@pytest.mark.parametrize(
+    ("topic", "qos", "retain", "expected"),
+    [
+        ("ledge/gw1/sensors/t", 1, False, Mapped(0, "site1/gw1/sensors/t", 1, False)),
+        ("ledge/gw1/sensors/t", 2, True, Mapped(0, "site1/gw1/sensors/t", 1, True)),
+        ("alerts/boiler", 1, False, Mapped(1, "site1/alerts/boiler", 0, False)),
+        ("shared/a/b", 2, True, Mapped(2, "a/b", 2, False)),
+        ("alerts/boiler/extra", 1, False, None),
+        ("ledge/gw2/sensors/t", 1, False, None),
+        ("local/cmd/x", 1, False, None),  # inbound only
+    ],
+)
+def test_outbound_mapping_adds_replaces_and_strips_prefixes(
+    topic: str, qos: int, retain: bool, expected: Mapped | None
+) -> None:
+    assert map_out(RULES, topic, qos, retain) == expected
+
+
+def test_inbound_mapping_and_the_first_matching_rule_wins() -> None:
+    # rule 3 ("#" both, local "shared/") comes before rule 4 and takes every remote topic
+    assert map_in(RULES, "devices/gw1/cmd/reboot", 2, True) == Mapped(
+        2, "shared/devices/gw1/cmd/reboot", 2, False
+    )
+    assert map_in(RULES[3:], "devices/gw1/cmd/reboot", 2, True) == Mapped(
+        0, "local/cmd/reboot", 1, True
+    )
+    assert map_in(RULES[3:], "cmd/x", 1, False) is None
+    assert map_in(RULES[:2], "site1/gw1/sensors/t", 1, False) is None  # outbound only
+
+
+def test_leading_wildcards_never_carry_dollar_topics() -> None:
+    rules = (RuleSettings("#", "out"),)
+    assert map_out(rules, "$SYS/broker/uptime", 0, False) is None
+    assert map_out(rules, "a", 0, False) == Mapped(0, "a", 0, False)
+
+
+def test_a_prefix_equal_to_the_topic_leaves_nothing_to_send() -> None:
+    rules = (RuleSettings("#", "out", 1, "a/", ""),)
+    assert map_out(rules, "a/", 1, False) is None  # would be the empty topic
+    assert "empty" in explain(rules, "a/")[0]
+
+
+def test_explain_says_why_and_why_not() -> None:
+    lines = explain(RULES, "ledge/gw1/sensors/t")
+    assert lines[0].startswith("rule 1 (out 'sensors/#'")
+    assert "yes -> remote topic 'site1/gw1/sensors/t', QoS at most 1, retain kept" in lines[0]
+    assert all("not consulted" in line for line in lines[1:])
+    lines = explain(RULES, "alerts/a/b")
+    assert "does not start with the prefix 'ledge/gw1/'" in lines[0]
+    assert "'alerts/a/b' does not match the filter 'alerts/+'" in lines[1]
+    assert "only brings remote topics in" in lines[3]
+    lines = explain(RULES, "devices/gw1/cmd/x", outbound=False)
+    assert "only sends local topics out" in lines[0]
+    assert "yes -> local topic 'shared/devices/gw1/cmd/x'" in lines[2]
+
+
+@pytest.mark.parametrize(
+    ("rule", "problem"),
+    [
+        (RuleSettings("a/#/b"), "filter: '#' must be the last level"),
+        (RuleSettings("$share/g/a"), "shared subscriptions cannot be bridged"),
+        (RuleSettings("a", local_prefix="x/+/"), "local_prefix: must not contain wildcards"),
+        (RuleSettings("a", direction="sideways"), "direction"),
+    ],
+)
+def test_bad_rules_are_named(rule: RuleSettings, problem: str) -> None:
+    assert any(problem in p for p in rule_errors(rule))
+
+
+# ---------------------------------------------------------------------- outbox
+
+
+def entry(seq: int, size: int = 10, qos: int = 1, expires: float | None = None) -> Entry:
+    return Entry(0, seq, f"t/{seq}", b"x" * size, qos, False, b"", 100.0 + seq, expires)
+
+
+def make_outbox(
+    when_full: str = DROP_OLDEST,
+    max_messages: int = 1000,
+    max_bytes: int = 10**9,
+    memory_bytes: int = 10**9,
+    durable: bool = True,
+) -> tuple[Outbox, list[tuple[Any, ...]]]:
+    ops: list[tuple[Any, ...]] = []
+    box = Outbox(
+        "cloud",
+        OutboxSettings(max_bytes, max_messages, when_full, memory_bytes),
+        ops.append if durable else None,
+    )
+    return box, ops
+
+
+def drain(box: Outbox, wall: float = 0.0) -> list[Entry]:
+    out = []
+    while (e := box.next_ready(wall)) is not None:
+        out.append(e)
+    return out
+
+
+def test_entries_leave_in_order_and_only_when_acknowledged() -> None:
+    box, ops = make_outbox()
+    for i in range(1, 6):
+        assert box.put(entry(i))
+    assert [op[0] for op in ops] == ["outbox_put"] * 5
+    assert [op[2] for op in ops] == [1, 2, 3, 4, 5]  # contiguous positions
+    sent = drain(box)
+    assert [e.seq for e in sent] == [1, 2, 3, 4, 5]
+    assert all(e.state == INFLIGHT for e in sent)
+    assert box.count == 5  # nothing left before the remote acknowledged
+    ops.clear()
+    box.acknowledged(sent[2])  # out of order: remembered, not yet removed from disk
+    assert ops == [] and box.count == 5
+    box.acknowledged(sent[0])
+    assert ops == [("outbox_done", "cloud", 1)]
+    box.acknowledged(sent[1])
+    assert ops[1:] == [("outbox_done", "cloud", 2), ("outbox_done", "cloud", 3)]
+    assert box.count == 2
+    assert box.stats.acknowledged == 3 and box.stats.sent == 5
+
+
+def test_a_dropped_link_resends_everything_unacknowledged_in_order() -> None:
+    box, _ = make_outbox()
+    for i in range(1, 5):
+        box.put(entry(i))
+    first = drain(box)
+    box.acknowledged(first[1])
+    assert box.rewind() == 3
+    again = drain(box)
+    assert [e.seq for e in again] == [1, 3, 4]
+
+
+def test_drop_oldest_makes_room_and_counts() -> None:
+    box, ops = make_outbox(DROP_OLDEST, max_messages=3)
+    for i in range(1, 6):
+        assert box.put(entry(i))
+    assert [e.seq for e in box.mem] == [3, 4, 5]
+    assert box.stats.dropped_full == 2 and box.count == 3
+    assert ("outbox_done", "cloud", 1) in ops and ("outbox_done", "cloud", 2) in ops
+
+
+def test_drop_newest_keeps_the_oldest_and_counts() -> None:
+    box, _ = make_outbox(DROP_NEWEST, max_messages=3)
+    results = [box.put(entry(i)) for i in range(1, 6)]
+    assert results == [True, True, True, False, False]
+    assert [e.seq for e in box.mem] == [1, 2, 3]
+    assert box.stats.dropped_full == 2
+
+
+def test_the_byte_bound_counts_topic_payload_and_overhead() -> None:
+    one = entry(1, size=100).size
+    box, _ = make_outbox(DROP_NEWEST, max_bytes=one * 2)
+    assert box.put(entry(1, 100)) and box.put(entry(2, 100))
+    assert not box.put(entry(3, 100))
+    assert box.bytes == 2 * one
+    huge, _ = make_outbox(DROP_OLDEST, max_bytes=50)
+    assert not huge.put(entry(1, 100))  # larger than the whole outbox: never fits
+    assert huge.stats.dropped_full == 1
+
+
+def test_the_refuse_policy_only_reports_fullness() -> None:
+    box, _ = make_outbox(REFUSE, max_messages=2)
+    box.put(entry(1))
+    assert not box.would_overflow(10)
+    box.put(entry(2))
+    assert box.would_overflow(10)
+    assert not box.put(entry(3))  # in-process publishers cannot be refused: dropped, counted
+    assert box.stats.dropped_full == 1
+
+
+def test_expired_entries_are_dropped_when_their_turn_comes() -> None:
+    box, ops = make_outbox()
+    box.put(entry(1, expires=50.0))
+    box.put(entry(2))
+    sent = drain(box, wall=60.0)
+    assert [e.seq for e in sent] == [2]
+    assert box.stats.dropped_expired == 1
+    assert ("outbox_done", "cloud", 1) in ops
+
+
+def test_nothing_goes_up_before_its_store_batch_is_committed() -> None:
+    box, _ = make_outbox()
+    e = entry(1)
+    e.batch = 7
+    box.put(e)
+    assert box.next_ready(0.0) is None
+    box.commit(6)
+    assert box.next_ready(0.0) is None
+    box.commit(7)
+    assert box.next_ready(0.0) is e
+
+
+def test_beyond_memory_bytes_entries_wait_on_disk_and_are_paged_back() -> None:
+    one = entry(1).size
+    box, ops = make_outbox(memory_bytes=one * 3)
+    for i in range(1, 11):
+        box.put(entry(i))
+    assert [e.seq for e in box.mem] == [1, 2, 3]
+    assert box.spilled == 7 and box.count == 10
+    rows = {op[2]: op for op in ops if op[0] == "outbox_put"}  # what the store would hold
+
+    def read(first: int, count: int) -> list[Entry]:
+        return [
+            Entry(pos, seq, topic, payload, qos, bool(retain), props, created, expires)
+            for _, _, pos, seq, topic, payload, qos, retain, props, created, expires in (
+                rows[p] for p in range(first, first + count) if p in rows
+            )
+        ]
+
+    got: list[int] = []
+    while box.count:
+        for e in drain(box):
+            got.append(e.seq)
+            box.acknowledged(e)
+        request = box.refill_request()
+        if request is not None:
+            assert request[0] == box.mem[-1].pos + 1 if box.mem else True
+            box.refilled(read(*request))
+    assert got == list(range(1, 11))
+    assert box.spilled == 0 and box.mem_bytes == 0
+
+
+def test_paging_skips_rows_dropped_meanwhile_and_waits_for_uncommitted_ones() -> None:
+    one = entry(1).size
+    box, ops = make_outbox(max_messages=5, memory_bytes=2 * one)
+    for i in range(1, 6):
+        box.put(entry(i))
+    assert [e.pos for e in box.mem] == [1, 2] and box.spilled == 3
+    assert box.refill_request() is None  # memory is full
+    (e1, _e2) = drain(box)
+    box.acknowledged(e1)
+    assert box.refill_request() == (3, 1)  # a page of half the memory budget
+    rows = {op[2]: op for op in ops if op[0] == "outbox_put"}
+
+    def page(*positions: int) -> list[Entry]:
+        return [
+            Entry(p, r[3], r[4], r[5], r[6], bool(r[7]), r[8], r[9], r[10])
+            for p, r in ((p, rows[p]) for p in positions)
+        ]
+
+    box.put(entry(6))
+    box.put(entry(7))  # drop-oldest: 2 (in flight, from memory)
+    box.put(entry(8))  # ... and 3 (from disk) while the page was being read
+    assert box.stats.dropped_full == 2
+    assert box.refilled(page(3)) == 0  # 3 is gone: skipped
+    assert box.refill_request() == (4, 1)
+    assert box.refilled(page(5)) == 0  # 4 not committed yet: stop at the gap
+    assert box.refill_request() == (4, 1)
+    assert box.refilled(page(4, 5)) == 2
+    assert [e.pos for e in box.mem] == [4, 5] and box.spilled == 3
+
+
+def test_an_acknowledgement_after_a_drop_is_ignored() -> None:
+    box, _ = make_outbox(max_messages=1)
+    box.put(entry(1))
+    (e1,) = drain(box)
+    box.put(entry(2))  # drops e1 while in flight
+    box.acknowledged(e1)
+    assert box.stats.acknowledged == 0 and box.count == 1
+
+
+def test_restore_puts_everything_on_disk_first() -> None:
+    box, _ = make_outbox()
+    box.restore([(5, 100, 10.0), (6, 100, 11.0), (7, 100, 12.0)])
+    assert box.count == 3 and box.bytes == 300 and box.next_pos == 8
+    assert box.oldest_age(20.0) == 10.0
+    assert box.refill_request() == (5, 3)
+
+
+def test_memory_only_outbox_never_spills() -> None:
+    one = entry(1).size
+    box, ops = make_outbox(memory_bytes=one, durable=False)
+    for i in range(1, 5):
+        box.put(entry(i))
+    assert len(box.mem) == 4 and box.spilled == 0 and ops == []
+
+
+# ---------------------------------------------------------------------- sequence
+
+
+def test_sequence_numbers_grow_and_reserve_ahead_in_the_store() -> None:
+    seq, reserve = Sequence.resume(stored_reserved=0, highest_used=0)
+    assert (seq.next, reserve, seq.limit) == (1, 1 + BLOCK, 1 + BLOCK)
+    ops: list[tuple[Any, ...]] = []
+    numbers = [seq.take(1, ops) for _ in range(BLOCK // 2 + 2)]
+    assert numbers == list(range(1, BLOCK // 2 + 3))
+    assert ops == [("meta", META_KEY, str(1 + 2 * BLOCK))]
+    assert seq.limit == 1 + BLOCK  # the new block counts only once committed
+    seq.commit(1)
+    assert seq.limit == 1 + 2 * BLOCK
+
+
+def test_after_a_restart_numbering_resumes_above_everything_used() -> None:
+    seq, reserve = Sequence.resume(stored_reserved=3 * BLOCK, highest_used=5)
+    assert seq.next == 3 * BLOCK and reserve == 4 * BLOCK
+    seq, _ = Sequence.resume(stored_reserved=10, highest_used=50)
+    assert seq.next == 51
+
+
+def test_bridges_handed_the_same_message_share_its_number() -> None:
+    seq = Sequence(100)
+    a, b = object(), object()
+    assert seq.for_message(a, 0, None) == 100
+    assert seq.for_message(a, 0, None) == 100
+    assert seq.for_message(b, 0, None) == 101
+
+
+# ---------------------------------------------------------------------- config
+
+BRIDGE = """
+[gateway]
+id = "gw1"
+[[bridges]]
+name = "cloud"
+address = "broker.example:8883"
+addresses = ["backup.example"]
+protocol = "3.1.1"
+envelope = true
+tls = {{ enabled = true }}
+outbox = {{ when_full = "refuse", max_bytes = 2048 }}
+{extra}
+[[bridges.rules]]
+filter = "sensors/#"
+local_prefix = "ledge/gw1/"
+remote_prefix = "site1/"
+"""
+
+
+def test_bridge_config_becomes_runtime_settings_and_survives_json() -> None:
+    config = parse_config(BRIDGE.format(extra=""))
+    runtime = config.to_runtime()
+    (bridge,) = runtime.bridges
+    assert bridge.addresses == (("broker.example", 8883), ("backup.example", 8883))
+    assert bridge.protocol == 4 and bridge.envelope and bridge.tls.enabled
+    assert bridge.outbox.when_full == "refuse" and bridge.outbox.max_bytes == 2048
+    assert bridge.rules[0].local_filter == "ledge/gw1/sensors/#"
+    assert RuntimeConfig.from_json(runtime.to_json()) == runtime
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (
+            '[[bridges]]\nname = "c"\n[[bridges.rules]]\nfilter = "a"\n',
+            "bridges[0] (line 1): Value error, give the remote broker as address",
+        ),
+        (
+            '[[bridges]]\nname = "c"\naddress = "h:99999"\n[[bridges.rules]]\nfilter = "a"\n',
+            "port '99999' is not 1..65535",
+        ),
+        (
+            '[[bridges]]\nname = "c"\naddress = "h"\n[[bridges.rules]]\nfilter = "a/#/b"\n',
+            "bridges[0].rules[0] (line 4): Value error, filter: '#' must be the last level",
+        ),
+        (
+            '[[bridges]]\nname = "c"\naddress = "h"\nrules = []\n',
+            "bridges[0].rules (line 4): List should have at least 1 item",
+        ),
+        (
+            '[[bridges]]\nname = "c/d"\naddress = "h"\n[[bridges.rules]]\nfilter = "a"\n',
+            "bridges[0].name (line 2)",
+        ),
+        (
+            '[[bridges]]\nname = "c"\naddress = "h"\n'
+            'tls = { enabled = true, ca_file = "/nonexistent/ca.pem" }\n'
+            '[[bridges.rules]]\nfilter = "a"\n',
+            "ca_file: no such file: /nonexistent/ca.pem",
+        ),
+    ],
+)
+def test_bridge_config_errors_name_the_key(text: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, "b.toml")
+    assert any(problem in p for p in info.value.problems), info.value.problems
+
+
+def test_cert_without_key_is_refused(tmp_path: Path) -> None:
+    cert = tmp_path / "c.pem"
+    cert.write_text("x")
+    text = BRIDGE.format(extra="").replace(
+        "tls = { enabled = true }", f'tls = {{ enabled = true, cert_file = "{cert}" }}'
+    )
+    with pytest.raises(ConfigError) as info:
+        parse_config(text)
+    assert any("cert_file and key_file go together" in p for p in info.value.problems)
+
+
+def test_two_bridges_cannot_share_a_name() -> None:
+    one = '[[bridges]]\nname = "c"\naddress = "h"\n[[bridges.rules]]\nfilter = "a"\n'
+    with pytest.raises(ConfigError) as info:
+        parse_config(one + one)
+    assert any("two bridges are named 'c'" in p for p in info.value.problems)
+
+
+# ---------------------------------------------------------------------- marks on the wire
+
+
+def test_upstream_properties_are_the_codecs_bytes_with_the_marks() -> None:
+    from gateway.bridge.link import Bridge
+    from gateway.bridge.settings import BridgeSettings
+    from gateway.mqtt.properties import Properties, encode_properties
+    from tests.support.harness import Harness
+
+    h = Harness()
+    settings = BridgeSettings("cloud", (("127.0.0.1", 1),), (RuleSettings("#"),))
+    bridge = Bridge(
+        settings, gateway="gw1", prefix="ledge", broker=h.broker, sequence=Sequence(1),
+        kick=lambda: None,
+    )  # fmt: skip
+    marks = (("ledge-gateway", "gw1"), ("ledge-seq", "42"))
+    plain = Entry(1, 42, "t", b"p", 1, False, b"", 0.0)
+    assert bridge._properties(plain, True).pack() == encode_properties(
+        Properties(user_properties=marks)
+    )
+    assert bridge._properties(plain, False).pack() == b"\x00"
+    own = Properties(content_type="text/plain", user_properties=(("site", "n"),))
+    rich = Entry(1, 42, "t", b"p", 1, False, encode_properties(own), 0.0, time.time() + 100)
+    packed = bridge._properties(rich, True).pack()
+    from gateway.mqtt.properties import Where, decode_properties
+
+    got, _ = decode_properties(packed, 0, len(packed), Where.PUBLISH)
+    assert got.content_type == "text/plain"
+    assert got.user_properties == (("site", "n"), *marks)
+    assert got.message_expiry_interval in (99, 100)  # what is left of it
