@@ -27,6 +27,8 @@ class Raw:
     port: int
     version: int = MQTT_5
     host: str = "127.0.0.1"
+    #: The local address to connect from (another loopback address is another peer).
+    source: str | None = None
     sock: socket.socket = field(init=False)
     #: Everything decoded so far, and whether the server closed the connection.
     packets: list[Packet] = field(default_factory=list)
@@ -34,7 +36,8 @@ class Raw:
     _reader: PacketReader = field(init=False)
 
     def __post_init__(self) -> None:
-        self.sock = socket.create_connection((self.host, self.port), timeout=5)
+        source = None if self.source is None else (self.source, 0)
+        self.sock = socket.create_connection((self.host, self.port), 5, source)
         self._reader = PacketReader(version=self.version)
 
     def send(self, data: bytes) -> Raw:
