@@ -21,6 +21,11 @@ if TYPE_CHECKING:
     from gateway.broker.session import Session
 
 
+#: The topic alias maps of a connection that has none (never written to).
+_NO_ALIASES_OUT: dict[str, int] = {}
+_NO_ALIASES_IN: dict[int, str] = {}
+
+
 class State(IntEnum):
     NEW = 0  # TCP open, CONNECT not yet processed
     CONNECTED = 1  # CONNACK 0x00 sent
@@ -76,8 +81,8 @@ class Connection:
         """An unused slot; ``reset`` makes it a connection."""
         self.reader = PacketReader(max_packet_size)
         self.out: list[bytes] = []
-        self.aliases_out: dict[str, int] = {}
-        self.aliases_in: dict[int, str] = {}
+        self.aliases_out: dict[str, int] = _NO_ALIASES_OUT
+        self.aliases_in: dict[int, str] = _NO_ALIASES_IN
         #: Counts reuses of this slot; timers compare it to know they are still current.
         self.generation = 0
         #: A connection beyond the pool, kept only to refuse its CONNECT properly.
@@ -135,8 +140,10 @@ class Connection:
         self.peer_receive_max = 65_535
         #: The client's Topic Alias Maximum: how many aliases we may use towards it.
         self.peer_alias_max = 0
-        self.aliases_out.clear()
-        self.aliases_in.clear()
+        # Shared empty maps until a client uses topic aliases (writers replace them
+        # first): a thousand idle slots do not each hold two dicts.
+        self.aliases_out = _NO_ALIASES_OUT
+        self.aliases_in = _NO_ALIASES_IN
         self.problem_info = True
         self.will: Will | None = None
         self.close_reason: str | None = None

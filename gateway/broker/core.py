@@ -17,14 +17,12 @@ import os
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from gateway.broker import handle_connect, handle_publish, handle_subscribe
-from gateway.broker.acl import Acl, Rules
 from gateway.broker.auth import Authenticator, ListenerPolicy, PasswordAuthenticator
 from gateway.broker.connection import Connection, State
 from gateway.broker.journal import Journal, Op
-from gateway.broker.logins import LoginAttempt, LoginThrottle
 from gateway.broker.message import Message, packet_size
 from gateway.broker.retained import RetainedStore
 from gateway.broker.router import SubscriptionIndex
@@ -55,6 +53,12 @@ from gateway.mqtt.packets import (
 )
 from gateway.mqtt.properties import EMPTY, Properties
 from gateway.mqtt.reason_codes import ReasonCode, connack_311, describe
+
+if TYPE_CHECKING:
+    # Imported when an ACL or a password file is configured, not before: a broker
+    # without them does not carry their code.
+    from gateway.broker.acl import Acl, Rules
+    from gateway.broker.logins import LoginAttempt, LoginThrottle
 
 log = logging.getLogger("ledge.broker")
 
@@ -95,7 +99,7 @@ class Broker:
         self.policies: dict[str, ListenerPolicy] = {}
         self._listener_open: dict[str, int] = {}
         #: Failed logins per source address (the slowdown).
-        self.logins = LoginThrottle()
+        self._logins: LoginThrottle | None = None
         #: Runs a password check off the event loop and later calls ``password_checked``
         #: (set by the shell). None: checks run inline, blocking (tests, tools).
         self.verifier: Callable[[LoginAttempt], None] | None = None
@@ -247,7 +251,9 @@ class Broker:
     def password_checked(self, attempt: LoginAttempt, ok: bool | None, now: float) -> None:
         """The outcome of a password check handed to ``verifier`` (None: it could not
         be run, the checker is overloaded)."""
-        handle_connect.login_decided(self, attempt, ok, now)
+        from gateway.broker import handle_login
+
+        handle_login.login_decided(self, attempt, ok, now)
 
     def connection_lost(self, conn: Connection, now: float) -> None:
         """The transport is gone (peer closed, reset, or our close completed)."""
@@ -475,6 +481,15 @@ class Broker:
             if self.journal is not None:
                 self.journal.entry_done(session, entry)
         session.queue = kept
+
+    @property
+    def logins(self) -> LoginThrottle:
+        """Failed logins per source address (the slowdown), made at the first check."""
+        if self._logins is None:
+            from gateway.broker.logins import LoginThrottle
+
+            self._logins = LoginThrottle()
+        return self._logins
 
     def set_policies(
         self, policies: dict[str, ListenerPolicy], acl: Acl | None, now: float
@@ -1022,6 +1037,8 @@ class Broker:
             log.debug("message on %r exceeds maximum packet size of %s", msg.topic, conn.label)
             return None
         if new_alias:
+            if not conn.aliases_out:  # the shared empty map: this connection's own now
+                conn.aliases_out = {}
             conn.aliases_out[msg.topic] = alias
         return parts
 

@@ -7,12 +7,6 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.broker.auth import PasswordCheck
 from gateway.broker.connection import Connection, State
-from gateway.broker.logins import (
-    WAITING_PER_ADDRESS,
-    AddressRecord,
-    LoginAttempt,
-    address_key,
-)
 from gateway.broker.session import Session
 from gateway.mqtt.packets import MQTT_5, Auth, ConnAck, Connect, Disconnect, PingReq, Will
 from gateway.mqtt.properties import EMPTY, Properties
@@ -97,7 +91,12 @@ def handle_connect(broker: Broker, conn: Connection, packet: Connect, now: float
         authenticator = policy.authenticator if policy is not None else broker.authenticator
         verdict = authenticator.check(client_id, username, packet.password)
     if isinstance(verdict, PasswordCheck):
-        _check_password(broker, conn, LoginAttempt(conn, packet, username, verdict, ""), now)
+        # Only with a password file: a broker without one does not carry this code.
+        from gateway.broker import handle_login
+        from gateway.broker.logins import LoginAttempt
+
+        attempt = LoginAttempt(conn, packet, username, verdict, "")
+        handle_login.check_password(broker, conn, attempt, now)
         return
     if verdict != ReasonCode.SUCCESS:
         reason = (
@@ -107,10 +106,10 @@ def handle_connect(broker: Broker, conn: Connection, packet: Connect, now: float
         )
         broker.refuse_connect(conn, verdict, reason, now)
         return
-    _accept(broker, conn, packet, username, now)
+    accept(broker, conn, packet, username, now)
 
 
-def _accept(
+def accept(
     broker: Broker, conn: Connection, packet: Connect, username: str | None, now: float
 ) -> None:
     """The rest of CONNECT, once the client is authenticated."""
@@ -250,140 +249,6 @@ def _accept(
     if session_present:
         broker.resend_inflight(session, conn, now)
         broker.pump(session, now)
-
-
-# ---------------------------------------------------------------------------- logins
-# The password check and the per-address slowdown (gateway.broker.logins).
-
-
-def _check_password(broker: Broker, conn: Connection, attempt: LoginAttempt, now: float) -> None:
-    """Start the check now, or queue it behind the address's running check or delay."""
-    attempt.key = address_key(conn.peer)
-    conn.pending = attempt
-    record = _record(broker, attempt.key, now)
-    if record.busy or now < record.until:
-        if len(record.waiting) >= WAITING_PER_ADDRESS:
-            conn.pending = None
-            broker.refuse_connect(
-                conn,
-                ReasonCode.CONNECTION_RATE_EXCEEDED,
-                f"too many logins from {attempt.key} waiting",
-                now,
-            )
-            return
-        record.waiting.append(attempt)
-        if not record.busy:
-            _arm_wake(broker, attempt.key, record)
-        return
-    _start_check(broker, record, attempt, now)
-
-
-def _record(broker: Broker, key: str, now: float) -> AddressRecord:
-    record, evicted = broker.logins.record(key, now)
-    if evicted is not None:
-        # Evicted to bound the table: whoever waited there is refused, not stranded.
-        broker.timers.cancel(evicted.wake)
-        for attempt in evicted.waiting:
-            if attempt.live:
-                attempt.conn.pending = None
-                broker.refuse_connect(
-                    attempt.conn,
-                    ReasonCode.CONNECTION_RATE_EXCEEDED,
-                    "too many addresses logging in",
-                    now,
-                )
-    return record
-
-
-def _start_check(broker: Broker, record: AddressRecord, attempt: LoginAttempt, now: float) -> None:
-    record.busy = True
-    verifier = broker.verifier
-    if verifier is None:
-        login_decided(broker, attempt, attempt.check.run(), now)
-    else:
-        verifier(attempt)
-
-
-def login_decided(broker: Broker, attempt: LoginAttempt, ok: bool | None, now: float) -> None:
-    """A password check finished (``ok`` None: it could not run). A failure counts for
-    the address even when the client has gone away meanwhile."""
-    settings = broker.settings
-    record = _record(broker, attempt.key, now)
-    record.busy = False
-    conn = attempt.conn
-    live = attempt.live and conn.state is State.NEW
-    if ok is None:
-        if live:
-            conn.pending = None
-            broker.refuse_connect(
-                conn, ReasonCode.SERVER_BUSY, "too many password checks waiting", now
-            )
-    elif ok:
-        broker.logins.succeeded(record)
-        if live:
-            conn.pending = None
-            _accept(broker, conn, attempt.packet, attempt.username, now)
-            if conn.state is State.CONNECTED:
-                broker.data_received(conn, b"", now)  # what arrived meanwhile
-    else:
-        delay = broker.logins.failed(
-            record, now, settings.failed_login_delay, settings.failed_login_delay_max
-        )
-        log.warning(
-            "failed login as %r from %s (%d in a row from this address; next check in %g s)",
-            attempt.username,
-            attempt.key,
-            record.failures,
-            delay,
-        )
-        if live:
-            if delay > 0:
-                # The refusal waits out the delay, so a client cannot guess faster.
-                broker.timers.cancel(conn.timer)
-                conn.timer = broker.timers.at(record.until, _refuse_late, (broker, attempt))
-            else:
-                conn.pending = None
-                broker.refuse_connect(
-                    conn, ReasonCode.BAD_USER_NAME_OR_PASSWORD, "bad user name or password", now
-                )
-    _next_waiting(broker, attempt.key, record, now)
-
-
-def _refuse_late(arg: tuple[Broker, LoginAttempt], now: float) -> None:
-    broker, attempt = arg
-    conn = attempt.conn
-    if attempt.live and conn.state is State.NEW:
-        conn.pending = None
-        conn.timer = None
-        broker.refuse_connect(
-            conn, ReasonCode.BAD_USER_NAME_OR_PASSWORD, "bad user name or password", now
-        )
-
-
-def _next_waiting(broker: Broker, key: str, record: AddressRecord, now: float) -> None:
-    """Start the next waiting login of ``key`` when its turn has come."""
-    while record.waiting and not record.busy:
-        if now < record.until:
-            _arm_wake(broker, key, record)
-            return
-        attempt = record.waiting.popleft()
-        if attempt.live and attempt.conn.state is State.NEW:
-            _start_check(broker, record, attempt, now)
-    if record.idle:
-        broker.logins.forget(key)
-
-
-def _arm_wake(broker: Broker, key: str, record: AddressRecord) -> None:
-    if record.wake is None:
-        record.wake = broker.timers.at(record.until, _wake, (broker, key))
-
-
-def _wake(arg: tuple[Broker, str], now: float) -> None:
-    broker, key = arg
-    record = broker.logins.get(key)
-    if record is not None:
-        record.wake = None
-        _next_waiting(broker, key, record, now)
 
 
 # ---------------------------------------------------------------------------- the rest

@@ -138,6 +138,8 @@ def handle_publish(broker: Broker, conn: Connection, packet: Publish, now: float
                 )
                 return
             if topic:
+                if not conn.aliases_in:  # the shared empty map: this connection's own now
+                    conn.aliases_in = {}
                 conn.aliases_in[alias] = topic
             else:
                 known = conn.aliases_in.get(alias)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from gateway.broker.acl import denied_by
 from gateway.broker.connection import Connection
 from gateway.broker.session import Session, Subscription
 from gateway.mqtt.packets import (
@@ -17,7 +16,7 @@ from gateway.mqtt.packets import (
     Unsubscribe,
 )
 from gateway.mqtt.reason_codes import ReasonCode
-from gateway.mqtt.topics import filter_error, has_wildcard, parse_shared
+from gateway.mqtt.topics import filter_error, has_wildcard, parse_shared, subsumes
 
 if TYPE_CHECKING:
     from gateway.broker.core import Broker
@@ -103,7 +102,7 @@ def _subscribe_one(
             return ReasonCode.TOPIC_FILTER_INVALID, None, False
     if not settings.wildcard_subscriptions and has_wildcard(topic_filter):
         return ReasonCode.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED, None, False
-    denied = denied_by(settings.deny_subscriptions, topic_filter)
+    denied = next((d for d in settings.deny_subscriptions if subsumes(d, topic_filter)), None)
     if denied is not None:
         log.info("refusing subscription %r of %s: denied by %r", raw, conn.label, denied)
         return settings.deny_subscription_reason, None, False
