@@ -1,7 +1,8 @@
 # Convenience targets; each sets up what it needs first (scripts/setup).
 ITERATIONS ?= 200
+FUZZ_SECONDS ?= 600
 
-.PHONY: run test bench bench-quick bench-serial crash-test
+.PHONY: run test bench bench-quick bench-serial crash-test fuzz
 
 run:            ## start the gateway on the embedded default config
 	scripts/run
@@ -22,3 +23,7 @@ crash-test:     ## kill -9 Ledge ITERATIONS times under QoS 1/2 load and check n
 bench-serial:   ## sustained line rate of one serial device (a pty) into Ledge, CPU per reading
 	scripts/setup --test
 	.venv/bin/python -m bench.serial
+
+fuzz:           ## coverage-guided fuzzing of codec and connection state machine, FUZZ_SECONDS per target
+	scripts/setup --test
+	.venv/bin/python -m fuzz --seconds $(FUZZ_SECONDS)
