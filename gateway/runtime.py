@@ -12,10 +12,9 @@ import json
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.bridge.settings import BridgeSettings, OutboxSettings, RuleSettings, TlsSettings
-from gateway.broker.acl import Acl, AclFileError, parse_acl_file
 from gateway.broker.auth import (
     ListenerPolicy,
     PasswordAuthenticator,
@@ -24,6 +23,9 @@ from gateway.broker.auth import (
 )
 from gateway.broker.settings import BrokerSettings
 from gateway.store.settings import StoreSettings
+
+if TYPE_CHECKING:
+    from gateway.broker.acl import Acl
 
 #: Environment variable carrying the validated config into the gateway process.
 RUNTIME_ENV = "LEDGE_RUNTIME_CONFIG"
@@ -206,6 +208,8 @@ def build_authenticator(
 
 def build_acl(acl_file: str | Path, key: str = "auth.acl_file") -> Acl:
     """The ACL of a config; reads and checks the file."""
+    from gateway.broker.acl import AclFileError, parse_acl_file
+
     try:
         text = Path(acl_file).read_text(encoding="utf-8")
     except OSError as exc:
