@@ -13,7 +13,9 @@ raises; everything it writes to a client decodes in that client's protocol versi
 a connection the core closed is closed; when everything has gone, every slot of the
 pool is back.
 
-Both are pure and deterministic (no clock, no sockets), so a crash reproduces from
+``websocket``: the WebSocket upgrade answer and frame reader, fed whole and in chunks.
+
+All are pure and deterministic (no clock, no sockets), so a crash reproduces from
 its input alone. ``fuzz/__main__.py`` runs them under atheris (coverage-guided);
 the test suite runs them with hypothesis and replays ``tests/vectors/fuzz/``.
 """
@@ -299,7 +301,45 @@ def _packet(r: Reader, op: int, client: Client) -> Packet:
     return Disconnect((0, 4, 0x81)[r.byte() % 3] if v5 else 0)
 
 
+# ----------------------------------------------------------------------------- websocket
+
+
+def fuzz_websocket(data: bytes) -> int:
+    """The WebSocket upgrade and frame reader (sans-IO halves of ``gateway.net``): an
+    upgrade request is answered with an HTTP status line whatever it holds, and frames
+    fed in chunks give the same MQTT bytes, control frames and verdict as fed whole."""
+    from gateway.net.websocket import BINARY, FrameReader, handshake
+
+    r = Reader(data)
+    if r.byte() & 1:
+        answer = handshake(r.take(r.byte() * 8), "/mqtt")
+        if not answer.response.startswith(b"HTTP/1.1 "):
+            raise AssertionError(f"not an HTTP answer: {answer.response[:40]!r}")
+        if (answer.error is None) != answer.response.startswith(b"HTTP/1.1 101 "):
+            raise AssertionError("an accepted upgrade must answer 101, a refused one not")
+    stream = r.take(r.left)
+    whole = FrameReader()
+    expected = whole.feed(stream)
+    chunked = FrameReader()
+    got = []
+    pos = 0
+    step = 1 + (stream[0] % 7 if stream else 0)
+    while pos < len(stream):
+        got.extend(chunked.feed(stream[pos : pos + step]))
+        pos += step
+    if b"".join(p for o, p in got if o == BINARY) != b"".join(
+        p for o, p in expected if o == BINARY
+    ):
+        raise AssertionError("chunking changed the MQTT byte stream")
+    if [e for e in got if e[0] != BINARY] != [e for e in expected if e[0] != BINARY]:
+        raise AssertionError("chunking changed the control frames")
+    if (chunked.error is None) != (whole.error is None):
+        raise AssertionError("chunking changed the verdict")
+    return len(expected)
+
+
 TARGETS: Final[dict[str, Callable[[bytes], int]]] = {
     "codec": fuzz_codec,
     "session": fuzz_session,
+    "websocket": fuzz_websocket,
 }

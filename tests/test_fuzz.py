@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fuzz.targets import TARGETS, fuzz_codec, fuzz_session
+from fuzz.targets import TARGETS, fuzz_codec, fuzz_session, fuzz_websocket
 
 REPO = Path(__file__).resolve().parents[1]
 VECTORS = sorted((REPO / "tests" / "vectors" / "fuzz").glob("*.bin"))
@@ -42,6 +42,12 @@ def test_codec_target_holds_on_arbitrary_bytes(data: bytes) -> None:
 @given(st.binary(min_size=1, max_size=1024))
 def test_session_target_holds_on_arbitrary_programs(data: bytes) -> None:
     fuzz_session(data)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=1024))
+def test_websocket_target_holds_on_arbitrary_bytes(data: bytes) -> None:
+    fuzz_websocket(data)
 
 
 def test_session_target_can_fail() -> None:
@@ -75,4 +81,5 @@ def test_short_coverage_guided_run(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "crashes: none" in out.stdout
-    assert "fuzz codec: 4,00" in out.stdout and "fuzz session: 4,00" in out.stdout, out.stdout
+    for target in TARGETS:
+        assert f"fuzz {target}: 4,00" in out.stdout, out.stdout

@@ -266,3 +266,14 @@ def test_websocket_listener_port_is_all_it_serves(tmp_path: Path) -> None:
             assert _read_frames(sock, 12).startswith(b"HTTP/1.1 400 ")
     finally:
         assert proc.stop() == 0
+
+
+def test_nothing_after_a_close_frame_is_read_even_in_later_chunks() -> None:
+    """RFC 6455 5.5.1. Found by the fuzzer (tests/vectors/fuzz/websocket-frames-after-
+    close-in-a-later-chunk.bin): frames arriving after a Close in a later chunk were read."""
+    mask = b"\x01\x02\x03\x04"
+    close = b"\x88\x82" + mask + unmask(b"\x03\xe8", mask, 0)
+    data = b"\x82\x82" + mask + unmask(b"\xc0\x00", mask, 0)
+    reader = FrameReader()
+    assert reader.feed(close) == [(CLOSE, b"\x03\xe8")]
+    assert reader.feed(data) == []

@@ -180,6 +180,7 @@ class FrameReader:
         "_offset",
         "_opcode",
         "_remaining",
+        "closed",
         "error",
     )
 
@@ -195,12 +196,14 @@ class FrameReader:
         self._fragmented = False
         #: Why the stream is unusable; set once, after which nothing more is read.
         self.error: WebSocketError | None = None
+        #: A Close frame was read: nothing after it is, in this chunk or any later one.
+        self.closed = False
 
     def feed(self, data: bytes) -> list[Event]:
         """The events in ``data`` (with what came before). After a protocol violation the
         events before it are returned and ``error`` says what went wrong."""
         events: list[Event] = []
-        if self.error is not None:
+        if self.error is not None or self.closed:
             return events
         buf = self._buf + data if self._buf else data
         pos = 0
@@ -236,7 +239,9 @@ class FrameReader:
                     events.append((self._opcode, self._control))
                     self._control = b""
                     if self._opcode == CLOSE:
-                        break  # nothing after a Close frame is read
+                        self.closed = True  # RFC 6455 5.5.1: nothing after it is read
+                        self._buf = b""
+                        return events
         self._buf = buf[pos:]
         return events
 
