@@ -32,6 +32,11 @@ def child(target: str, libfuzzer_args: list[str]) -> None:
 
     logging.disable(logging.CRITICAL)  # refusals are expected; logging is not fuzzed
     with atheris.instrument_imports(include=["gateway", "fuzz"]):
+        # What the targets import lazily is imported here, to be instrumented too.
+        import gateway.broker.acl
+        import gateway.broker.handle_login
+        import gateway.broker.logins
+        import gateway.net.websocket  # noqa: F401
         from fuzz.targets import TARGETS
     function = TARGETS[target]
 
