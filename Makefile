@@ -2,7 +2,7 @@
 ITERATIONS ?= 200
 FUZZ_SECONDS ?= 600
 
-.PHONY: run test bench bench-quick bench-serial crash-test fuzz
+.PHONY: run test bench bench-quick bench-serial bench-bridge crash-test fuzz
 
 run:            ## start the gateway on the embedded default config
 	scripts/run
@@ -24,6 +24,10 @@ bench-serial:   ## sustained line rate of one serial device (a pty) into Ledge, 
 	scripts/setup --test
 	.venv/bin/python -m bench.serial
 
-fuzz:           ## coverage-guided fuzzing of codec and connection state machine, FUZZ_SECONDS per target
+bench-bridge:   ## the bridge's outbox during an outage and its replay to Mosquitto (100,000 messages)
+	scripts/setup --test
+	.venv/bin/python -m bench.bridge
+
+fuzz:           ## coverage-guided fuzzing of codec, connection state machine and WebSocket reader, FUZZ_SECONDS per target
 	scripts/setup --test
 	.venv/bin/python -m fuzz --seconds $(FUZZ_SECONDS)
