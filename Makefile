@@ -1,8 +1,9 @@
 # Convenience targets; each sets up what it needs first (scripts/setup).
 ITERATIONS ?= 200
 ROWS ?= 1000000
+FUZZ_SECONDS ?= 600
 
-.PHONY: run test bench bench-quick bench-serial bench-bridge crash-test pipeline-bench
+.PHONY: run test bench bench-quick bench-serial bench-bridge crash-test pipeline-bench fuzz
 
 run:            ## start the gateway on the embedded default config
 	scripts/run
@@ -31,3 +32,7 @@ bench-bridge:   ## the bridge's outbox during an outage and its replay to Mosqui
 pipeline-bench: ## pipeline silver and gold rows/s over 1M generated rows on local[2], DuckDB beside it
 	scripts/setup --test
 	.venv/bin/python -m bench.pipeline --rows $(ROWS)
+
+fuzz:           ## coverage-guided fuzzing of codec, connection state machine and WebSocket reader, FUZZ_SECONDS per target
+	scripts/setup --test
+	.venv/bin/python -m fuzz --seconds $(FUZZ_SECONDS)

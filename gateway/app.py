@@ -22,15 +22,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gateway import __version__
-from gateway.broker.auth import Authenticator
+from gateway.broker.auth import Authenticator, ListenerPolicy
 from gateway.broker.core import Broker
 from gateway.net.server import ListenerSpec, Server
 from gateway.runtime import (
     RUNTIME_ENV,
     ConfigError,
+    ListenerSettings,
     RuntimeConfig,
     StartupError,
     build_authenticator,
+    build_policies,
+    file_warnings,
+    listener_label,
 )
 
 if TYPE_CHECKING:
@@ -112,12 +116,16 @@ class Gateway:
             now=loop.time(),
         )
         self.server = Server(self.broker, loop)
+        self.broker.policies = build_policies(config.listeners)
+        self.broker.verifier = self.server.verify
+        for warning in file_warnings(config):
+            log.warning("%s", warning)
         if config.data_dir is not None:
             self._open_store(loop, Path(config.data_dir))
         else:
             log.info("no data_dir: sessions and retained messages live in memory only")
         for i, listener in enumerate(config.listeners):
-            spec = ListenerSpec(listener.host, listener.port, listener.name or f"listener {i}")
+            spec = listener_spec(listener, i)
             try:
                 self.addresses.extend(await self.server.listen(spec))
             except OSError as exc:
@@ -125,7 +133,7 @@ class Gateway:
                 where = f"{listener.host}:{listener.port}"
                 raise ConfigError(
                     config.config_path or "<command line>",
-                    [f"listeners[{i}]: cannot listen on {where}: {exc.strerror}"],
+                    [f"listeners[{i}]: cannot listen on {where}: {exc.strerror or exc}"],
                 ) from None
         self._start_bridges()
         self._start_sensors_and_taps(loop)
@@ -403,15 +411,38 @@ class Gateway:
         try:
             new = RuntimeConfig.from_json(out.decode())
             auth = build_authenticator(new.allow_anonymous, new.password_file)
-        except (ValueError, KeyError, ConfigError) as exc:
+            policies = build_policies(new.listeners)
+            specs = self._listener_changes(new)
+        except (ValueError, KeyError, OSError, ConfigError) as exc:
             log.error("reload failed, keeping the running config: %s", exc)
             return
-        self.apply(new, auth)
+        self.apply(new, auth, policies, specs)
 
-    def apply(self, new: RuntimeConfig, auth: Authenticator) -> None:
+    def _listener_changes(self, new: RuntimeConfig) -> list[ListenerSpec]:
+        """The running listeners whose connection-time settings changed (their TLS
+        files are read again even when unchanged: renewed certificates take effect)."""
+        specs = []
+        for i, (old, now) in enumerate(zip(self.config.listeners, new.listeners, strict=False)):
+            if old.identity() == now.identity() and (now != old or now.certfile is not None):
+                spec = listener_spec(now, i)
+                if spec.tls is not None:
+                    from gateway.net.tls import server_context
+
+                    server_context(spec.tls)  # a certificate that does not load fails here
+                specs.append(spec)
+        return specs
+
+    def apply(
+        self,
+        new: RuntimeConfig,
+        auth: Authenticator,
+        policies: dict[str, ListenerPolicy] | None = None,
+        specs: list[ListenerSpec] | None = None,
+    ) -> None:
         """Take the reloadable parts of ``new``; say what needs a restart."""
         broker = self.broker
-        assert broker is not None
+        server = self.server
+        assert broker is not None and server is not None
         current = broker.settings
         changed = {
             name: getattr(new.broker, name)
@@ -423,18 +454,55 @@ class Gateway:
             for name in current.__dataclass_fields__
             if name not in new.reloadable and getattr(new.broker, name) != getattr(current, name)
         ]
-        if new.listeners != self.config.listeners:
-            ignored.append("listeners")
         broker.settings = replace(current, **changed)
         broker.authenticator = auth
+        listeners = self.config.listeners
+        if [lc.identity() for lc in new.listeners] != [lc.identity() for lc in listeners]:
+            ignored.append("listeners (host, port, name, type)")
+        elif policies is not None:
+            # Password and ACL files are read again whether or not their names changed,
+            # and so are certificates (a renewed one serves new connections).
+            if new.listeners != listeners:
+                changed["listeners"] = new.listeners
+            broker.set_policies(policies, None, server.loop.time())
+            for spec in specs or ():
+                server.update_listener(spec)
+            listeners = new.listeners
+            for warning in file_warnings(new):
+                log.warning("%s", warning)
+        server.after_event()
         setup_logging(new.log_level)
-        self.config = replace(new, listeners=self.config.listeners, broker=broker.settings)
+        self.config = replace(new, listeners=listeners, broker=broker.settings)
         log.info(
             "config reloaded from %s: %s%s",
             new.config_path,
             ", ".join(sorted(changed)) or "no broker changes",
             f" (restart needed for: {', '.join(ignored)})" if ignored else "",
         )
+
+
+def listener_spec(listener: ListenerSettings, index: int) -> ListenerSpec:
+    """What the shell needs to open (or update) one configured listener."""
+    tls = None
+    if listener.type in ("tls", "websocket-tls"):
+        from gateway.net.tls import TLSSettings
+
+        assert listener.certfile is not None and listener.keyfile is not None
+        tls = TLSSettings(
+            listener.certfile,
+            listener.keyfile,
+            listener.cafile,
+            listener.require_certificate,
+            listener.tls_version,
+        )
+    return ListenerSpec(
+        listener.host,
+        listener.port,
+        listener_label(listener, index),
+        listener.type,
+        listener.path,
+        tls,
+    )
 
 
 async def run(config: RuntimeConfig, ready: Callable[[Gateway], None] | None = None) -> int:

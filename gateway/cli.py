@@ -1,4 +1,5 @@
-"""``ledge`` command line: run the gateway, check a config, print the version."""
+"""``ledge`` command line: run the gateway, check a config, manage a password file,
+print the version."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from gateway import __version__, bridgectl
 from gateway.config import Config, Overrides, load_config, parse_listen
-from gateway.runtime import RUNTIME_ENV, ConfigError, build_authenticator
+from gateway.runtime import RUNTIME_ENV, ConfigError, build_authenticator, file_warnings
 
 EXIT_OK = 0
 EXIT_CONFIG = 2
@@ -72,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     # Used by a running gateway on SIGHUP: print the validated config as JSON.
     check.add_argument("--print-runtime", action="store_true", help=argparse.SUPPRESS)
     bridgectl.add_parser(commands)
+
+    from gateway import passwd
+
+    passwd.add_parser(commands)
     return parser
 
 
@@ -91,6 +96,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     if args.command == "bridge":
         return bridgectl.main(args)
+    if args.command == "passwd":
+        from gateway import passwd
+
+        return passwd.run(args)
     path: Path | None = args.file if args.command == "check-config" else args.config
     try:
         config, overrides = _validated(path, args)
@@ -102,8 +111,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.print_runtime:
             print(runtime.to_json())
         else:
-            listeners = ", ".join(f"{lc.host}:{lc.port}" for lc in config.listeners)
+            listeners = ", ".join(
+                f"{lc.host}:{lc.port}" + ("" if lc.type == "tcp" else f" {lc.type}")
+                for lc in config.listeners
+            )
             print(f"{args.file}: OK ({len(config.listeners)} listener(s): {listeners})")
+            for warning in file_warnings(runtime):
+                print(f"{args.file}: warning: {warning}", file=sys.stderr)
         return EXIT_OK
     # run: become the gateway process, leaving the validator's memory behind.
     sys.stdout.flush()

@@ -49,8 +49,43 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _readable(path: Path | None) -> Path | None:
+    """A file that must be readable now (checked where the config is validated)."""
+    if path is not None:
+        try:
+            with path.open("rb"):
+                pass
+        except OSError as exc:
+            raise ValueError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
+    return path
+
+
+def _password_file(path: Path | None) -> Path | None:
+    if _readable(path) is not None:
+        from gateway.broker.auth import parse_password_file
+
+        assert path is not None
+        try:
+            parse_password_file(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{str(path)!r}: {exc}") from None
+    return path
+
+
+def _acl_file(path: Path | None) -> Path | None:
+    if _readable(path) is not None:
+        from gateway.broker.acl import parse_acl_file
+
+        assert path is not None
+        try:
+            parse_acl_file(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{str(path)!r}: {exc}") from None
+    return path
+
+
 class ListenerConfig(_Model):
-    """One place clients connect."""
+    """One place clients connect (mosquitto's ``listener`` with per-listener settings)."""
 
     host: str = Field("127.0.0.1", description="Address to bind.", json_schema_extra=_reload(False))
     port: int = Field(
@@ -61,6 +96,68 @@ class ListenerConfig(_Model):
         json_schema_extra=_reload(False),
     )
     name: str = Field("", description="Label used in logs.", json_schema_extra=_reload(False))
+    type: Literal["tcp", "tls", "websocket", "websocket-tls"] = Field(
+        "tcp", json_schema_extra=_reload(False)
+    )
+    path: str = Field("/mqtt", json_schema_extra=_reload(True))
+    max_connections: int = Field(0, ge=0, json_schema_extra=_reload(True))
+    allow_anonymous: bool | None = Field(None, json_schema_extra=_reload(True))
+    password_file: Path | None = Field(None, json_schema_extra=_reload(True))
+    acl_file: Path | None = Field(None, json_schema_extra=_reload(True))
+    certfile: Path | None = Field(None, json_schema_extra=_reload(True))
+    keyfile: Path | None = Field(None, json_schema_extra=_reload(True))
+    cafile: Path | None = Field(None, json_schema_extra=_reload(True))
+    require_certificate: bool = Field(False, json_schema_extra=_reload(True))
+    use_identity_as_username: bool = Field(False, json_schema_extra=_reload(True))
+    tls_version: Literal["tlsv1.2", "tlsv1.3"] = Field("tlsv1.2", json_schema_extra=_reload(True))
+
+    _files = field_validator("certfile", "keyfile", "cafile")(_readable)
+    _passwords = field_validator("password_file")(_password_file)
+    _acl = field_validator("acl_file")(_acl_file)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ListenerConfig:
+        tls = self.type in ("tls", "websocket-tls")
+        if tls and (self.certfile is None or self.keyfile is None):
+            raise ValueError(f"type {self.type!r} needs certfile and keyfile")
+        if not tls:
+            options = ("certfile", "keyfile", "cafile", "require_certificate")
+            given = [o for o in options if getattr(self, o)]
+            if given or self.use_identity_as_username:
+                raise ValueError(
+                    f"{', '.join(given or ['use_identity_as_username'])} only apply to "
+                    "type 'tls' or 'websocket-tls'"
+                )
+        if self.require_certificate and self.cafile is None:
+            raise ValueError("require_certificate needs cafile (the CA that signs clients)")
+        if self.use_identity_as_username and not self.require_certificate:
+            raise ValueError("use_identity_as_username needs require_certificate = true")
+        if not self.path.startswith("/"):
+            raise ValueError(f"path {self.path!r} must start with '/'")
+        if tls:
+            self._load_tls()
+        return self
+
+    def _load_tls(self) -> None:
+        """Load the certificate, key and CA as the gateway will (a key that does not
+        match its certificate is found here, not at start-up)."""
+        import ssl
+
+        from gateway.net.tls import TLSSettings, server_context
+
+        assert self.certfile is not None and self.keyfile is not None
+        try:
+            server_context(
+                TLSSettings(
+                    str(self.certfile),
+                    str(self.keyfile),
+                    None if self.cafile is None else str(self.cafile),
+                    self.require_certificate,
+                    self.tls_version,
+                )
+            )
+        except (ssl.SSLError, OSError, ValueError) as exc:
+            raise ValueError(f"cannot use certfile/keyfile/cafile: {exc}") from None
 
 
 class BrokerConfig(_Model):
@@ -321,8 +418,21 @@ def parse_remote(text: str, tls: bool) -> tuple[str, int]:
 
 
 class AuthConfig(_Model):
+    """Defaults for listeners that say nothing, and the failed-login slowdown."""
+
     allow_anonymous: bool = Field(True, json_schema_extra=_reload(True))
     password_file: Path | None = Field(None, json_schema_extra=_reload(True))
+    acl_file: Path | None = Field(None, json_schema_extra=_reload(True))
+    failed_login_delay: float = Field(1.0, ge=0, json_schema_extra=_reload(True))
+    failed_login_delay_max: float = Field(30.0, ge=0, json_schema_extra=_reload(True))
+
+    _acl = field_validator("acl_file")(_acl_file)
+
+    @model_validator(mode="after")
+    def _delays(self) -> AuthConfig:
+        if self.failed_login_delay_max < self.failed_login_delay:
+            raise ValueError("failed_login_delay_max is below failed_login_delay")
+        return self
 
 
 class LogConfig(_Model):
@@ -371,10 +481,11 @@ class Config(_Model):
     ) -> RuntimeConfig:
         """The validated config as plain data for the gateway process."""
         return RuntimeConfig(
-            listeners=tuple(ListenerSettings(lc.host, lc.port, lc.name) for lc in self.listeners),
+            listeners=tuple(self.listener_settings(lc) for lc in self.listeners),
             broker=self.broker_settings(),
             allow_anonymous=self.auth.allow_anonymous,
             password_file=None if self.auth.password_file is None else str(self.auth.password_file),
+            acl_file=None if self.auth.acl_file is None else str(self.auth.acl_file),
             log_level=self.log.level,
             data_dir=None if self.data_dir is None else str(self.data_dir),
             store=StoreSettings(self.store.durability, self.store.on_corrupt, self.store.max_bytes),
@@ -403,7 +514,38 @@ class Config(_Model):
             health_interval=self.gateway.health_interval,
             config_path=None if path is None else str(path),
             override_args=overrides.args() if overrides is not None else (),
-            reloadable=tuple(name for name, yes in reloadable_fields(BrokerConfig).items() if yes),
+            reloadable=(
+                *(name for name, yes in reloadable_fields(BrokerConfig).items() if yes),
+                "failed_login_delay",
+                "failed_login_delay_max",
+            ),
+        )
+
+    def listener_settings(self, lc: ListenerConfig) -> ListenerSettings:
+        """A listener as plain data, what it leaves unsaid taken from ``[auth]``."""
+
+        def text(path: Path | None) -> str | None:
+            return None if path is None else str(path)
+
+        auth = self.auth
+        return ListenerSettings(
+            lc.host,
+            lc.port,
+            lc.name,
+            type=lc.type,
+            path=lc.path,
+            max_connections=lc.max_connections,
+            allow_anonymous=auth.allow_anonymous
+            if lc.allow_anonymous is None
+            else lc.allow_anonymous,
+            password_file=text(lc.password_file or auth.password_file),
+            acl_file=text(lc.acl_file or auth.acl_file),
+            certfile=text(lc.certfile),
+            keyfile=text(lc.keyfile),
+            cafile=text(lc.cafile),
+            require_certificate=lc.require_certificate,
+            use_identity_as_username=lc.use_identity_as_username,
+            tls_version=lc.tls_version,
         )
 
     def broker_settings(self) -> BrokerSettings:
@@ -415,6 +557,8 @@ class Config(_Model):
             if b.deny_subscription_reason == "not_authorized"
             else ReasonCode.UNSPECIFIED_ERROR
         )
+        values["failed_login_delay"] = self.auth.failed_login_delay
+        values["failed_login_delay_max"] = self.auth.failed_login_delay_max
         return BrokerSettings(**values)
 
 

@@ -9,14 +9,23 @@ memory. A SIGHUP reload validates in a short-lived child process the same way.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.bridge.settings import BridgeSettings, OutboxSettings, RuleSettings, TlsSettings
-from gateway.broker.auth import PasswordAuthenticator, PasswordFileError, parse_password_file
+from gateway.broker.auth import (
+    ListenerPolicy,
+    PasswordAuthenticator,
+    PasswordFileError,
+    parse_password_file,
+)
 from gateway.broker.settings import BrokerSettings
 from gateway.store.settings import StoreSettings
+
+if TYPE_CHECKING:
+    from gateway.broker.acl import Acl
 
 #: Environment variable carrying the validated config into the gateway process.
 RUNTIME_ENV = "LEDGE_RUNTIME_CONFIG"
@@ -40,6 +49,23 @@ class ListenerSettings:
     host: str = "127.0.0.1"
     port: int = 1883
     name: str = ""
+    type: str = "tcp"
+    path: str = "/mqtt"
+    max_connections: int = 0
+    #: Resolved: the listener's own value, else ``[auth]``'s.
+    allow_anonymous: bool = True
+    password_file: str | None = None
+    acl_file: str | None = None
+    certfile: str | None = None
+    keyfile: str | None = None
+    cafile: str | None = None
+    require_certificate: bool = False
+    use_identity_as_username: bool = False
+    tls_version: str = "tlsv1.2"
+
+    def identity(self) -> tuple[str, int, str, str]:
+        """What only a restart can change: where it listens and what it speaks."""
+        return self.host, self.port, self.name, self.type
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +118,7 @@ class RuntimeConfig:
     broker: BrokerSettings
     allow_anonymous: bool = True
     password_file: str | None = None
+    acl_file: str | None = None
     log_level: str = "info"
     data_dir: str | None = None
     store: StoreSettings = field(default_factory=StoreSettings)
@@ -121,6 +148,7 @@ class RuntimeConfig:
             broker=BrokerSettings(**{k: v for k, v in broker.items() if k in known}),
             allow_anonymous=data["allow_anonymous"],
             password_file=data["password_file"],
+            acl_file=data["acl_file"],
             log_level=data["log_level"],
             data_dir=data["data_dir"],
             store=StoreSettings(**data["store"]),
@@ -176,3 +204,74 @@ def build_authenticator(
         except PasswordFileError as exc:
             raise ConfigError(str(password_file), [f"auth.password_file: {exc}"]) from None
     return PasswordAuthenticator(allow_anonymous, users)
+
+
+def build_acl(acl_file: str | Path, key: str = "auth.acl_file") -> Acl:
+    """The ACL of a config; reads and checks the file."""
+    from gateway.broker.acl import AclFileError, parse_acl_file
+
+    try:
+        text = Path(acl_file).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(str(acl_file), [f"{key}: cannot read: {exc.strerror or exc}"]) from None
+    try:
+        return parse_acl_file(text)
+    except AclFileError as exc:
+        raise ConfigError(str(acl_file), [f"{key}: {exc}"]) from None
+
+
+def build_policies(listeners: tuple[ListenerSettings, ...]) -> dict[str, ListenerPolicy]:
+    """Each listener's authentication, ACL and connection limit, by label (files read
+    once per distinct path)."""
+    authenticators: dict[tuple[bool, str | None], PasswordAuthenticator] = {}
+    acls: dict[str, Acl] = {}
+    policies: dict[str, ListenerPolicy] = {}
+    for i, listener in enumerate(listeners):
+        auth_key = (listener.allow_anonymous, listener.password_file)
+        authenticator = authenticators.get(auth_key)
+        if authenticator is None:
+            authenticator = authenticators[auth_key] = build_authenticator(*auth_key)
+        acl = None
+        if listener.acl_file is not None:
+            acl = acls.get(listener.acl_file)
+            if acl is None:
+                acl = acls[listener.acl_file] = build_acl(
+                    listener.acl_file, f"listeners[{i}].acl_file"
+                )
+        policies[listener_label(listener, i)] = ListenerPolicy(
+            authenticator, acl, listener.max_connections, listener.use_identity_as_username
+        )
+    return policies
+
+
+def listener_label(listener: ListenerSettings, index: int) -> str:
+    """How logs (and the core's per-listener policies) name a listener."""
+    return listener.name or f"listener {index}"
+
+
+def file_warnings(config: RuntimeConfig) -> list[str]:
+    """Secrets readable by others: password files, ACL files and TLS keys that the
+    group or everyone may read (mosquitto warns the same way)."""
+    import stat
+
+    files: dict[str, str] = {}
+    for listener in config.listeners:
+        for kind, path in (
+            ("password file", listener.password_file),
+            ("ACL file", listener.acl_file),
+            ("TLS key", listener.keyfile),
+        ):
+            if path is not None:
+                files.setdefault(path, kind)
+    warnings = []
+    for path, kind in files.items():
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            continue
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            warnings.append(
+                f"{kind} {path} can be read by its group or others (mode "
+                f"{stat.S_IMODE(mode):04o}): chmod 600 it"
+            )
+    return warnings

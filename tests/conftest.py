@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests.support.certs import Certs, make_certs
 from tests.support.procs import LedgeProcess, MosquittoProcess
 
 if TYPE_CHECKING:  # PySpark is imported only by the pipeline's tests
@@ -46,6 +47,12 @@ def mosquitto(tmp_path: Path) -> Iterator[MosquittoProcess]:
     proc = MosquittoProcess(tmp_path).start()
     yield proc
     proc.stop()
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    """A CA, a server certificate for 127.0.0.1 and client certificates (openssl)."""
+    return make_certs(tmp_path_factory.mktemp("certs"))
 
 
 @pytest.fixture(scope="session")

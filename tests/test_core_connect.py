@@ -300,7 +300,7 @@ def test_auth_packet_without_method_is_protocol_error() -> None:
     [(MQTT_5, ReasonCode.BAD_USER_NAME_OR_PASSWORD), (MQTT_311, 0x04)],
 )
 def test_bad_password_refused(version: int, expected: int) -> None:
-    h = Harness()
+    h = Harness(failed_login_delay=0)
     h.broker.authenticator = PasswordAuthenticator(False, {"ann": hash_password("secret")})
     c = h.client(version)
     assert c.connect("x", username="ann", password=b"wrong").reason_code == expected

@@ -15,7 +15,15 @@ from gateway.mqtt.framer import PacketReader
 from gateway.mqtt.packets import Will
 
 if TYPE_CHECKING:
+    from gateway.broker.acl import Rules
+    from gateway.broker.auth import ListenerPolicy
+    from gateway.broker.logins import LoginAttempt
     from gateway.broker.session import Session
+
+
+#: The topic alias maps of a connection that has none (never written to).
+_NO_ALIASES_OUT: dict[str, int] = {}
+_NO_ALIASES_IN: dict[int, str] = {}
 
 
 class State(IntEnum):
@@ -40,6 +48,7 @@ class Connection:
         "handle",
         "held",
         "id",
+        "identity",
         "in_dirty",
         "keep_alive",
         "last_rx",
@@ -53,8 +62,11 @@ class Connection:
         "peer_alias_max",
         "peer_max_packet",
         "peer_receive_max",
+        "pending",
+        "policy",
         "problem_info",
         "reader",
+        "rules",
         "session",
         "state",
         "stuck_timer",
@@ -69,20 +81,36 @@ class Connection:
         """An unused slot; ``reset`` makes it a connection."""
         self.reader = PacketReader(max_packet_size)
         self.out: list[bytes] = []
-        self.aliases_out: dict[str, int] = {}
-        self.aliases_in: dict[int, str] = {}
+        self.aliases_out: dict[str, int] = _NO_ALIASES_OUT
+        self.aliases_in: dict[int, str] = _NO_ALIASES_IN
         #: Counts reuses of this slot; timers compare it to know they are still current.
         self.generation = 0
         #: A connection beyond the pool, kept only to refuse its CONNECT properly.
         self.overflow = False
         self.reset(0, "", "", 0.0)
 
-    def reset(self, conn_id: int, peer: str, listener: str, now: float) -> None:
+    def reset(
+        self,
+        conn_id: int,
+        peer: str,
+        listener: str,
+        now: float,
+        policy: ListenerPolicy | None = None,
+        identity: str | None = None,
+    ) -> None:
         """Make this slot a fresh connection (nothing of the previous one survives)."""
         self.generation += 1
         self.id = conn_id
         self.peer = peer
         self.listener = listener
+        #: The listener's authentication and ACL (None: the broker's defaults).
+        self.policy = policy
+        #: The CN of a verified TLS client certificate.
+        self.identity = identity
+        #: The CONNECT whose password is being checked (or waits for its turn).
+        self.pending: LoginAttempt | None = None
+        #: What the ACL lets this client do (None: no ACL, everything).
+        self.rules: Rules | None = None
         self.handle: Any = None
         self.reader.reset()
         self.version = 0
@@ -112,8 +140,10 @@ class Connection:
         self.peer_receive_max = 65_535
         #: The client's Topic Alias Maximum: how many aliases we may use towards it.
         self.peer_alias_max = 0
-        self.aliases_out.clear()
-        self.aliases_in.clear()
+        # Shared empty maps until a client uses topic aliases (writers replace them
+        # first): a thousand idle slots do not each hold two dicts.
+        self.aliases_out = _NO_ALIASES_OUT
+        self.aliases_in = _NO_ALIASES_IN
         self.problem_info = True
         self.will: Will | None = None
         self.close_reason: str | None = None

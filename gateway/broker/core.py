@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from gateway.broker import handle_connect, handle_publish, handle_subscribe
-from gateway.broker.auth import Authenticator, PasswordAuthenticator
+from gateway.broker.auth import Authenticator, ListenerPolicy, PasswordAuthenticator
 from gateway.broker.connection import Connection, State
 from gateway.broker.journal import Journal, Op
 from gateway.broker.message import Message, packet_size
@@ -53,6 +54,12 @@ from gateway.mqtt.packets import (
 from gateway.mqtt.properties import EMPTY, Properties
 from gateway.mqtt.reason_codes import ReasonCode, connack_311, describe
 
+if TYPE_CHECKING:
+    # Imported when an ACL or a password file is configured, not before: a broker
+    # without them does not carry their code.
+    from gateway.broker.acl import Acl, Rules
+    from gateway.broker.logins import LoginAttempt, LoginThrottle
+
 log = logging.getLogger("ledge.broker")
 
 Handler = Callable[["Broker", Connection, Any, float], None]
@@ -63,6 +70,10 @@ FLUSH_AT: Final = 65_536
 
 #: Connections beyond ``max_connections`` that may wait at once for their refusal.
 OVERFLOW_SLOTS: Final = 64
+
+#: Input a connection may pile up while its login is being decided, beyond one packet of
+#: ``max_packet_size``; more closes the connection.
+PENDING_INPUT_SLACK: Final = 65_536
 
 #: Packets a server must never receive (they flow server -> client only).
 _SERVER_BOUND_ONLY: Final = "CONNACK, SUBACK, UNSUBACK and PINGRESP are sent by servers only"
@@ -82,6 +93,16 @@ class Broker:
     ) -> None:
         self.settings = settings or BrokerSettings()
         self.authenticator: Authenticator = authenticator or PasswordAuthenticator()
+        #: The ACL of connections whose listener has no policy of its own (None: no ACL).
+        self.acl: Acl | None = None
+        #: Per-listener authentication, ACL and connection limit, by listener label.
+        self.policies: dict[str, ListenerPolicy] = {}
+        self._listener_open: dict[str, int] = {}
+        #: Failed logins per source address (the slowdown).
+        self._logins: LoginThrottle | None = None
+        #: Runs a password check off the event loop and later calls ``password_checked``
+        #: (set by the shell). None: checks run inline, blocking (tests, tools).
+        self.verifier: Callable[[LoginAttempt], None] | None = None
         self.version = version
         self.started = now
         self.sessions: dict[str, Session] = {}
@@ -135,17 +156,24 @@ class Broker:
 
     # ================================================================== shell API
 
-    def open_connection(self, peer: str, listener: str, now: float) -> Connection | None:
+    def open_connection(
+        self, peer: str, listener: str, now: float, identity: str | None = None
+    ) -> Connection | None:
         """A new network connection, in a slot of the pool; it must send CONNECT within
-        ``connect_timeout``.
+        ``connect_timeout``. ``identity`` is the CN of a verified TLS client certificate.
 
-        When every slot is taken, up to ``OVERFLOW_SLOTS`` more connections get a
-        temporary slot that only answers their CONNECT with a refusal in their own
-        protocol version; beyond that, None: the shell closes the socket at once.
-        Both are counted as refused.
+        When every slot is taken, or the listener has its own connection limit and is at
+        it, up to ``OVERFLOW_SLOTS`` more connections get a temporary slot that only
+        answers their CONNECT with a refusal in their own protocol version; beyond
+        that, None: the shell closes the socket at once. Both are counted as refused.
         """
-        if self._free:
+        policy = self.policies.get(listener)
+        at_limit = False
+        if policy is not None and policy.max_connections:
+            at_limit = self._listener_open.get(listener, 0) >= policy.max_connections
+        if self._free and not at_limit:
             conn = self._free.pop()
+            self._listener_open[listener] = self._listener_open.get(listener, 0) + 1
         elif self._overflow < OVERFLOW_SLOTS:
             conn = Connection(self.settings.max_packet_size)
             conn.overflow = True
@@ -162,7 +190,7 @@ class Broker:
                     self.stats.connections_refused,
                 )
             return None
-        conn.reset(self._next_conn_id, peer, listener, now)
+        conn.reset(self._next_conn_id, peer, listener, now, policy, identity)
         self._next_conn_id += 1
         self.connections[conn.id] = conn
         self.stats.connections_total += 1
@@ -173,8 +201,19 @@ class Broker:
 
     def data_received(self, conn: Connection, data: bytes, now: float) -> None:
         self.stats.bytes_received += len(data)
-        if conn.state >= State.CLOSING:
-            return
+        connected = State.CONNECTED
+        state = conn.state
+        if state is not connected:
+            if state >= State.CLOSING:
+                return
+            if conn.pending is not None:
+                # The login is being decided: keep the input (bounded) for afterwards.
+                framer = conn.reader.framer
+                framer.feed(data)
+                if framer.buffered > self.settings.max_packet_size + PENDING_INPUT_SLACK:
+                    conn.pending = None
+                    self.close(conn, now, "too much input before CONNACK")
+                return
         reader = conn.reader
         framer = reader.framer
         framer.feed(data)
@@ -189,7 +228,7 @@ class Broker:
                 first, frame_start, start, end = span
                 conn.last_rx = now
                 stats.messages_received += 1
-                if first & 0xF0 == 0x30 and conn.state is State.CONNECTED:
+                if first & 0xF0 == 0x30 and conn.state is connected:
                     fast_publish(self, conn, first, framer.buffer, frame_start, start, end, now)
                     if conn.state >= State.CLOSING:
                         return
@@ -204,10 +243,17 @@ class Broker:
                     self.fail(conn, ReasonCode.PROTOCOL_ERROR, _SERVER_BOUND_ONLY, now)
                     return
                 handler(self, conn, packet, now)
-                if conn.state >= State.CLOSING:
-                    return
+                if conn.state is not connected:
+                    return  # closing, or a CONNECT whose login is still being decided
         except MQTTError as exc:
             self._codec_failure(conn, exc, now)
+
+    def password_checked(self, attempt: LoginAttempt, ok: bool | None, now: float) -> None:
+        """The outcome of a password check handed to ``verifier`` (None: it could not
+        be run, the checker is overloaded)."""
+        from gateway.broker import handle_login
+
+        handle_login.login_decided(self, attempt, ok, now)
 
     def connection_lost(self, conn: Connection, now: float) -> None:
         """The transport is gone (peer closed, reset, or our close completed)."""
@@ -230,6 +276,7 @@ class Broker:
         if conn.overflow:
             self._overflow -= 1
         else:
+            self._listener_open[conn.listener] -= 1
             self._free.append(conn)  # the slot goes back to the pool
 
     def set_writable(self, conn: Connection, writable: bool, now: float) -> None:
@@ -410,6 +457,82 @@ class Broker:
             self.send(conn, ConnAck(False, connack_311(code)))
         self.close(conn, now, reason)
 
+    # ================================================================== authorization
+
+    def apply_rules(self, session: Session, rules: Rules | None, now: float) -> None:
+        """Give ``session`` new ACL rules: routes are worked out again, and queued
+        messages it may no longer read are dropped (counted as denied)."""
+        session.rules = rules
+        if session.conn is not None:
+            session.conn.rules = rules
+        if rules is not None:
+            self.index.acl = True
+        if session.subscriptions:
+            self.index.clear_cache()
+        if rules is None or not session.queue:
+            return
+        kept: deque[Outgoing] = deque()
+        for entry in session.queue:
+            if rules.can_read(entry.message.topic):
+                kept.append(entry)
+                continue
+            session.queued_bytes -= entry.message.size
+            self.stats.publish_denied += 1
+            if self.journal is not None:
+                self.journal.entry_done(session, entry)
+        session.queue = kept
+
+    @property
+    def logins(self) -> LoginThrottle:
+        """Failed logins per source address (the slowdown), made at the first check."""
+        if self._logins is None:
+            from gateway.broker.logins import LoginThrottle
+
+            self._logins = LoginThrottle()
+        return self._logins
+
+    def set_policies(
+        self, policies: dict[str, ListenerPolicy], acl: Acl | None, now: float
+    ) -> None:
+        """New authentication and ACLs (a reload). Every session's rules are compiled
+        again; connected clients their listener would no longer let in are disconnected
+        (MQTT 5.0: DISCONNECT 0x98, administrative action)."""
+        self.policies = policies
+        self.acl = acl
+        for session in list(self.sessions.values()):
+            if session.sink is not None or session.listener is None:
+                continue
+            policy = policies.get(session.listener)
+            session_acl = policy.acl if policy is not None else acl
+            rules = (
+                session_acl.rules_for(session.username, session.client_id)
+                if session_acl is not None
+                else None
+            )
+            if rules != session.rules:
+                self.apply_rules(session, rules, now)
+        for conn in list(self.connections.values()):
+            if conn.overflow:
+                continue
+            conn.policy = policies.get(conn.listener)
+            if conn.state is State.CONNECTED:
+                reason = self._no_longer_allowed(conn)
+                if reason is not None:
+                    self.fail(conn, ReasonCode.ADMINISTRATIVE_ACTION, reason, now)
+
+    def _no_longer_allowed(self, conn: Connection) -> str | None:
+        policy = conn.policy
+        if policy is not None and policy.use_identity_as_username:
+            return None
+        auth = policy.authenticator if policy is not None else self.authenticator
+        if not isinstance(auth, PasswordAuthenticator):
+            return None
+        if auth.users is None or conn.username is None:
+            return None if auth.allow_anonymous else "anonymous clients are no longer allowed"
+        if conn.username not in auth.users:
+            return f"user {conn.username!r} is no longer in the password file"
+        return None
+
     # ================================================================== sessions
 
     def _cancel_connection_timers(self, conn: Connection) -> None:
@@ -432,7 +555,7 @@ class Broker:
         if will is not None and not conn.graceful:
             delay = will.properties.will_delay_interval or 0
             if delay <= 0:
-                self.publish_will(will, session.client_id, now)
+                self.publish_will(will, session.client_id, now, session)
             else:
                 session.will = will
                 session.will_due = now + delay
@@ -479,7 +602,7 @@ class Broker:
             will = session.will
             session.will = None
             session.will_due = None
-            self.publish_will(will, session.client_id, now)
+            self.publish_will(will, session.client_id, now, session)
         for sub in list(session.subscriptions.values()):
             self.index.remove(session, sub)
         session.subscriptions.clear()
@@ -502,7 +625,7 @@ class Broker:
         name, topic_filter = entry.share
         groups = self.index.shared.get(topic_filter)
         group = groups.get(name) if groups else None
-        picked = group.pick() if group is not None else None
+        picked = group.pick(None, entry.message.topic) if group is not None else None
         if picked is None:
             self.stats.dropped_queue_full += 1
             log.warning(
@@ -516,7 +639,15 @@ class Broker:
         qos = min(entry.qos, sub.qos)
         self.deliver(session, entry.message, qos, False, entry.sub_ids, entry.share, now)
 
-    def publish_will(self, will: Will, client_id: str, now: float) -> None:
+    def publish_will(
+        self, will: Will, client_id: str, now: float, session: Session | None = None
+    ) -> None:
+        rules = session.rules if session is not None else None
+        if rules is not None and not rules.can_write(will.topic):
+            # The ACL changed since CONNECT (a reload): the will is not published.
+            self.stats.publish_denied += 1
+            log.info("not publishing will of %r on %r: not authorized", client_id, will.topic)
+            return
         props = will.properties
         expiry = props.message_expiry_interval
         if props.will_delay_interval is not None:
@@ -539,6 +670,15 @@ class Broker:
     def _connect_timer(self, arg: tuple[Connection, int], now: float) -> None:
         conn, generation = arg
         if conn.generation == generation and conn.state is State.NEW:
+            if conn.pending is not None:
+                conn.pending = None
+                self.refuse_connect(
+                    conn,
+                    ReasonCode.CONNECTION_RATE_EXCEEDED,
+                    "login not decided in time: too many logins from this address",
+                    now,
+                )
+                return
             log.info(
                 "closing %s: no CONNECT within %g s", conn.label, self.settings.connect_timeout
             )
@@ -594,7 +734,7 @@ class Broker:
         will = session.will
         session.will = None
         session.will_due = None
-        self.publish_will(will, session.client_id, now)
+        self.publish_will(will, session.client_id, now, session)
         if self.journal is not None:
             self.journal.session(session)
 
@@ -710,7 +850,7 @@ class Broker:
             self.deliver(session, msg, qos, retain, sub_ids, None, now)
             count += 1
         for group in route.shared:
-            picked = group.pick()
+            picked = group.pick(None, msg.topic)
             if picked is None:
                 continue
             session, sub = picked
@@ -897,6 +1037,8 @@ class Broker:
             log.debug("message on %r exceeds maximum packet size of %s", msg.topic, conn.label)
             return None
         if new_alias:
+            if not conn.aliases_out:  # the shared empty map: this connection's own now
+                conn.aliases_out = {}
             conn.aliases_out[msg.topic] = alias
         return parts
 

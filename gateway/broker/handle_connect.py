@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from gateway.broker.auth import PasswordCheck
 from gateway.broker.connection import Connection, State
 from gateway.broker.session import Session
 from gateway.mqtt.packets import MQTT_5, Auth, ConnAck, Connect, Disconnect, PingReq, Will
@@ -21,7 +22,7 @@ _PINGRESP = b"\xd0\x00"
 
 
 def handle_connect(broker: Broker, conn: Connection, packet: Connect, now: float) -> None:
-    if conn.state is not State.NEW:
+    if conn.state is not State.NEW or conn.pending is not None:
         # MQTT-3.1.0-2: a second CONNECT is a protocol violation.
         broker.fail(conn, ReasonCode.PROTOCOL_ERROR, "second CONNECT on a connection", now)
         return
@@ -44,7 +45,6 @@ def handle_connect(broker: Broker, conn: Connection, packet: Connect, now: float
     conn.username = packet.username
 
     # -- client identifier (MQTT-3.1.3-6 .. -8)
-    assigned = False
     if not client_id:
         if not settings.allow_zero_length_client_id:
             broker.refuse_connect(
@@ -67,7 +67,6 @@ def handle_connect(broker: Broker, conn: Connection, packet: Connect, now: float
         while client_id in broker.sessions:
             client_id = settings.assigned_client_id_prefix + broker._client_id_factory()
         conn.client_id = client_id
-        assigned = True
 
     # -- enhanced authentication: no methods are offered (MQTT-4.12.0-1)
     if props.authentication_method is not None:
@@ -80,7 +79,25 @@ def handle_connect(broker: Broker, conn: Connection, packet: Connect, now: float
         return
 
     # -- credentials
-    verdict = broker.authenticator.authenticate(client_id, packet.username, packet.password)
+    policy = conn.policy
+    username = packet.username
+    verdict: int | PasswordCheck
+    if policy is not None and policy.use_identity_as_username:
+        # The verified certificate's CN is the user name; no password is checked.
+        username = conn.identity
+        conn.username = username
+        verdict = ReasonCode.NOT_AUTHORIZED if username is None else ReasonCode.SUCCESS
+    else:
+        authenticator = policy.authenticator if policy is not None else broker.authenticator
+        verdict = authenticator.check(client_id, username, packet.password)
+    if isinstance(verdict, PasswordCheck):
+        # Only with a password file: a broker without one does not carry this code.
+        from gateway.broker import handle_login
+        from gateway.broker.logins import LoginAttempt
+
+        attempt = LoginAttempt(conn, packet, username, verdict, "")
+        handle_login.check_password(broker, conn, attempt, now)
+        return
     if verdict != ReasonCode.SUCCESS:
         reason = (
             "bad user name or password"
@@ -89,11 +106,28 @@ def handle_connect(broker: Broker, conn: Connection, packet: Connect, now: float
         )
         broker.refuse_connect(conn, verdict, reason, now)
         return
+    accept(broker, conn, packet, username, now)
+
+
+def accept(
+    broker: Broker, conn: Connection, packet: Connect, username: str | None, now: float
+) -> None:
+    """The rest of CONNECT, once the client is authenticated."""
+    assigned = not packet.client_id
+    settings = broker.settings
+    version = packet.protocol_version
+    props = packet.properties
+    client_id = conn.client_id
+    policy = conn.policy
+    acl = policy.acl if policy is not None else broker.acl
+    rules = acl.rules_for(username, client_id) if acl is not None else None
 
     # -- the will must be publishable
     will = packet.will
     if will is not None:
         problem = _will_problem(broker, will)
+        if problem is None and rules is not None and not rules.can_write(will.topic):
+            problem = ReasonCode.NOT_AUTHORIZED, f"will on {will.topic!r} not authorized"
         if problem is not None:
             broker.refuse_connect(conn, problem[0], problem[1], now)
             return
@@ -160,6 +194,11 @@ def handle_connect(broker: Broker, conn: Connection, packet: Connect, now: float
     session.expiry_interval = granted_expiry
     session.connected_expiry_zero = granted_expiry == 0
     session.protocol_version = version
+    session.username = username
+    session.listener = conn.listener
+    if session.rules != rules:
+        broker.apply_rules(session, rules, now)
+    conn.rules = rules
     if broker.journal is not None:
         broker.journal.session(session)
     session.conn = conn
@@ -210,6 +249,9 @@ def handle_connect(broker: Broker, conn: Connection, packet: Connect, now: float
     if session_present:
         broker.resend_inflight(session, conn, now)
         broker.pump(session, now)
+
+
+# ---------------------------------------------------------------------------- the rest
 
 
 def handle_pingreq(broker: Broker, conn: Connection, packet: PingReq, now: float) -> None:

@@ -85,6 +85,12 @@ def _publish_plain(
     now: float,
 ) -> None:
     """Route a PUBLISH without retain, properties or ``$`` topic, and acknowledge it."""
+    rules = conn.rules
+    if rules is not None and not rules.can_write(topic):
+        _denied(broker, conn, topic)
+        if qos:  # 0x87 on MQTT 5.0; a plain PUBACK on 3.1.1, which has no refusal
+            broker.send_bytes(conn, _ack(0x40, pid, ReasonCode.NOT_AUTHORIZED, conn.version))
+        return
     payload = buf[pos:end]
     if type(payload) is not bytes:
         payload = bytes(payload)
@@ -132,6 +138,8 @@ def handle_publish(broker: Broker, conn: Connection, packet: Publish, now: float
                 )
                 return
             if topic:
+                if not conn.aliases_in:  # the shared empty map: this connection's own now
+                    conn.aliases_in = {}
                 conn.aliases_in[alias] = topic
             else:
                 known = conn.aliases_in.get(alias)
@@ -218,6 +226,12 @@ def _route(broker: Broker, conn: Connection, packet: Publish, topic: str, now: f
         broker.stats.publish_denied += 1
         log.info("refusing PUBLISH from %s to %r: $SYS is read-only", conn.label, topic)
         return ReasonCode.NOT_AUTHORIZED
+    rules = conn.rules
+    if rules is not None and not rules.can_write(topic):
+        # Not authorized by the ACL: MQTT 5.0 acknowledges with 0x87, MQTT 3.1.1 has no
+        # negative acknowledgement and the message is dropped (as mosquitto does).
+        _denied(broker, conn, topic)
+        return ReasonCode.NOT_AUTHORIZED
     expiry = props.message_expiry_interval
     msg = Message(
         topic,
@@ -243,6 +257,19 @@ def _route(broker: Broker, conn: Connection, packet: Publish, topic: str, now: f
             return ReasonCode.QUOTA_EXCEEDED
     delivered = broker.publish(msg, now)
     return ReasonCode.SUCCESS if delivered else ReasonCode.NO_MATCHING_SUBSCRIBERS
+
+
+def _denied(broker: Broker, conn: Connection, topic: str) -> None:
+    """Count a PUBLISH the ACL refused; log the 1st, 2nd, 4th, 8th ... of them."""
+    stats = broker.stats
+    stats.publish_denied += 1
+    if stats.publish_denied & (stats.publish_denied - 1) == 0:
+        log.info(
+            "refusing PUBLISH from %s to %r: not authorized (%d refused so far)",
+            conn.label,
+            topic,
+            stats.publish_denied,
+        )
 
 
 def handle_puback(broker: Broker, conn: Connection, packet: PubAck, now: float) -> None:

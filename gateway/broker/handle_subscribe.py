@@ -102,10 +102,14 @@ def _subscribe_one(
             return ReasonCode.TOPIC_FILTER_INVALID, None, False
     if not settings.wildcard_subscriptions and has_wildcard(topic_filter):
         return ReasonCode.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED, None, False
-    for denied in settings.deny_subscriptions:
-        if subsumes(denied, topic_filter):
-            log.info("refusing subscription %r of %s: denied by %r", raw, conn.label, denied)
-            return settings.deny_subscription_reason, None, False
+    denied = next((d for d in settings.deny_subscriptions if subsumes(d, topic_filter)), None)
+    if denied is not None:
+        log.info("refusing subscription %r of %s: denied by %r", raw, conn.label, denied)
+        return settings.deny_subscription_reason, None, False
+    rules = conn.rules
+    if rules is not None and not rules.can_subscribe(topic_filter):
+        log.info("refusing subscription %r of %s: not authorized by the ACL", raw, conn.label)
+        return ReasonCode.NOT_AUTHORIZED, None, False
     is_new = raw not in session.subscriptions
     if is_new and len(session.subscriptions) >= settings.max_subscriptions_per_client:
         log.warning(
@@ -135,9 +139,12 @@ def _subscribe_one(
 
 def _send_retained(broker: Broker, session: Session, sub: Subscription, now: float) -> None:
     ids = (sub.identifier,) if sub.identifier else ()
+    rules = session.rules
     for msg in broker.retained.matching(sub.topic_filter, now):
         if sub.no_local and msg.origin == session.client_id:
             continue
+        if rules is not None and not rules.can_read(msg.topic):
+            continue  # the ACL: a retained message is delivered like any other
         qos = sub.qos if sub.qos < msg.qos else msg.qos
         # MQTT-3.3.1-9: RETAIN is 1 when sent because of a new subscription.
         broker.deliver(session, msg, qos, True, ids, None, now)

@@ -43,8 +43,9 @@ class SharedGroup:
         if self.members.pop(client_id, None) is not None:
             self._order.remove(client_id)
 
-    def pick(self, exclude: str | None = None) -> Entry | None:
-        """The next member; connected members first, then any (the message queues)."""
+    def pick(self, exclude: str | None = None, topic: str | None = None) -> Entry | None:
+        """The next member that may read ``topic``; connected members first, then any
+        (the message queues)."""
         order = self._order
         n = len(order)
         if not n:
@@ -56,6 +57,9 @@ class SharedGroup:
             if client_id == exclude:
                 continue
             entry = self.members[client_id]
+            rules = entry[0].rules
+            if rules is not None and topic is not None and not rules.can_read(topic):
+                continue
             conn = entry[0].conn
             if (conn is not None and conn.writable) or entry[0].sink is not None:
                 self._next = start + step + 1
@@ -81,7 +85,7 @@ class Route:
 class SubscriptionIndex:
     """Subscriptions of every session, organised for lookup by topic."""
 
-    __slots__ = ("_cache", "cache_size", "count", "exact", "shared", "tree")
+    __slots__ = ("_cache", "acl", "cache_size", "count", "exact", "shared", "tree")
 
     def __init__(self, cache_size: int = 4096) -> None:
         self.tree: SubTree[dict[str, Entry]] = SubTree()
@@ -90,8 +94,14 @@ class SubscriptionIndex:
         self._cache: dict[str, Route] = {}
         self.cache_size = cache_size
         self.count = 0
+        #: Some session has ACL rules: routes leave out sessions that may not read.
+        self.acl = False
 
     # ------------------------------------------------------------------ changes
+
+    def clear_cache(self) -> None:
+        """Forget every cached route (who may read what changed)."""
+        self._cache.clear()
 
     def _invalidate(self, topic_filter: str) -> None:
         cache = self._cache
@@ -190,6 +200,13 @@ class SubscriptionIndex:
                     else:
                         have[1].append(sub)
             direct = [(session, tuple(subs)) for session, subs in merged.values()]
+        if self.acl:
+            # The ACL decides per (client, topic); cached routes carry the decision.
+            direct = [
+                (session, subs)
+                for session, subs in direct
+                if session.rules is None or session.rules.can_read(topic)
+            ]
         shared: list[SharedGroup] = []
         if self.shared:
             for groups in self.shared.find(topic):

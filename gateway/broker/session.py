@@ -17,6 +17,7 @@ from gateway.broker.timers import Handle
 from gateway.mqtt.packets import Will
 
 if TYPE_CHECKING:
+    from gateway.broker.acl import Rules
     from gateway.broker.connection import Connection
 
 #: Outbound message states (the QoS 1/2 sender table, MQTT 5.0 section 4.3).
@@ -87,13 +88,16 @@ class Session:
         "expiry_timer",
         "incoming_qos2",
         "inflight",
+        "listener",
         "next_packet_id",
         "persisted",
         "protocol_version",
         "queue",
         "queued_bytes",
+        "rules",
         "sink",
         "subscriptions",
+        "username",
         "will",
         "will_due",
         "will_timer",
@@ -122,6 +126,11 @@ class Session:
         self.persisted = False
         #: For an in-process client: where its messages go (see gateway.broker.local).
         self.sink: Callable[[Message, int, bool, tuple[int, ...]], None] | None = None
+        #: Who it last connected as, through which listener, and what the ACL lets it
+        #: read and write (None: everything). Not stored: set again at every CONNECT.
+        self.username: str | None = None
+        self.listener: str | None = None
+        self.rules: Rules | None = None
 
     def __repr__(self) -> str:
         return (

@@ -43,3 +43,6 @@ class BrokerSettings:
     max_outbound_bytes: int = 1024 * 1024
     slow_consumer_timeout: float = 60.0
     route_cache_size: int = 4096
+    #: Failed-login slowdown (see gateway.broker.logins); 0 switches it off.
+    failed_login_delay: float = 1.0
+    failed_login_delay_max: float = 30.0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Final
 
@@ -47,7 +47,7 @@ class Connect:
     keep_alive: int = 60
     will: Will | None = None
     username: str | None = None
-    password: bytes | None = None
+    password: bytes | None = field(default=None, repr=False)  # never in a log line
     properties: Properties = EMPTY
     protocol_name: str = "MQTT"
 

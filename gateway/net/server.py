@@ -5,6 +5,10 @@ core; output the core produced is written once per loop iteration per
 connection (write coalescing); the core's next deadline arms one loop timer.
 Transport flow control (``pause_writing``) is reported to the core, which then
 applies its slow-consumer policy instead of growing buffers.
+
+TLS and WebSocket listeners (``gateway.net.tls``, ``gateway.net.websocket``, imported
+only when configured) put their handshake in front of the same ``MQTTProtocol``.
+Password checks the core hands out run here, in a worker thread.
 """
 
 from __future__ import annotations
@@ -12,13 +16,30 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from gateway.broker.connection import Connection, State
 from gateway.broker.core import Broker
 
+if TYPE_CHECKING:
+    import ssl
+
+    from gateway.broker.logins import LoginAttempt
+    from gateway.net.tls import TLSSettings
+
 log = logging.getLogger("ledge.net")
+
+#: Listener types: MQTT over TCP, over TLS, over WebSockets, over WebSockets over TLS.
+KINDS: Final = ("tcp", "tls", "websocket", "websocket-tls")
+
+#: Connections per listener that may be in their TLS handshake or WebSocket upgrade at
+#: once; more are closed at once (counted as refused).
+MAX_PENDING_HANDSHAKES: Final = 256
+
+#: Password checks waiting for the worker threads; more are refused (server busy).
+MAX_PENDING_CHECKS: Final = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,10 +47,53 @@ class ListenerSpec:
     host: str
     port: int
     name: str = ""
+    kind: str = "tcp"
+    #: The HTTP path of a WebSocket listener.
+    path: str = "/mqtt"
+    tls: TLSSettings | None = None
 
     @property
     def label(self) -> str:
         return self.name or f"{self.host}:{self.port}"
+
+
+class Endpoint:
+    """A listener's connection-time settings (a reload may replace them) and its
+    connections still in a TLS handshake or WebSocket upgrade (bounded)."""
+
+    __slots__ = ("context", "kind", "label", "path", "pending", "refused")
+
+    def __init__(self, spec: ListenerSpec, context: ssl.SSLContext | None) -> None:
+        self.label = spec.label
+        self.kind = spec.kind
+        self.path = spec.path
+        self.context = context
+        self.pending: set[asyncio.Transport] = set()
+        self.refused = 0
+
+    def admit(self, transport: asyncio.Transport, server: Server) -> bool:
+        """Take a new connection into its handshake, or close it when too many are."""
+        if len(self.pending) >= MAX_PENDING_HANDSHAKES:
+            server.broker.stats.connections_refused += 1
+            self.refused += 1
+            if self.refused & (self.refused - 1) == 0:
+                log.warning(
+                    "%s: %d connections already in their handshake: closing new ones (%d so far)",
+                    self.label,
+                    MAX_PENDING_HANDSHAKES,
+                    self.refused,
+                )
+            transport.abort()
+            return False
+        self.pending.add(transport)
+        return True
+
+    def admitted(self, transport: asyncio.Transport) -> None:
+        self.pending.discard(transport)
+
+    def failed_handshake(self, peer: Any, exc: BaseException) -> None:
+        where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        log.info("%s: TLS handshake with %s failed: %s", self.label, where, exc or type(exc))
 
 
 #: After the broker's last packet on a connection (a DISCONNECT, a refusing CONNACK),
@@ -37,6 +101,15 @@ class ListenerSpec:
 #: socket closes. Closing with unread input makes the kernel send RST, which can
 #: destroy that last packet before the client reads it ("lingering close").
 LINGER_SECONDS = 2.0
+
+
+def linger_close(transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+    """Shut the write side, read and discard for ``LINGER_SECONDS``, then close."""
+    if transport.can_write_eof():
+        transport.write_eof()
+        loop.call_later(LINGER_SECONDS, transport.abort)
+    else:
+        transport.close()
 
 
 class MQTTProtocol(asyncio.Protocol):
@@ -72,7 +145,13 @@ class MQTTProtocol(asyncio.Protocol):
         peer_text = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         limit = server.broker.settings.max_outbound_bytes
         transport.set_write_buffer_limits(high=limit, low=limit // 4)
-        conn = server.broker.open_connection(peer_text, self.listener, server.loop.time())
+        identity = None
+        peercert = transport.get_extra_info("peercert")
+        if peercert:  # a TLS client certificate, verified against the listener's CA
+            from gateway.net.tls import common_name
+
+            identity = common_name(peercert)
+        conn = server.broker.open_connection(peer_text, self.listener, server.loop.time(), identity)
         if conn is None:
             transport.abort()  # beyond the pool and its refusal slots
             return
@@ -133,22 +212,85 @@ class Server:
         #: Called after every event the core handled (the app seals store batches here).
         self.after_core: Callable[[], None] | None = None
         self.reading_paused = False
+        self.endpoints: dict[str, Endpoint] = {}
+        self._executor: Executor | None = None
+        self._checking = 0
 
     async def listen(self, spec: ListenerSpec) -> list[tuple[str, int]]:
-        """Start a TCP listener; returns the bound addresses (port 0 picks a free port)."""
+        """Start a listener; returns the bound addresses (port 0 picks a free port)."""
+        label = spec.label
+        context = None
+        if spec.tls is not None:
+            from gateway.net.tls import server_context
+
+            context = server_context(spec.tls)
+        endpoint = self.endpoints[label] = Endpoint(spec, context)
+        factory: Callable[[], asyncio.Protocol]
+        if spec.kind in ("websocket", "websocket-tls"):
+            from gateway.net.websocket import WebSocketProtocol
+
+            def factory() -> asyncio.Protocol:
+                return WebSocketProtocol(self, endpoint, MQTTProtocol(self, label))
+        else:
+
+            def factory() -> asyncio.Protocol:
+                return MQTTProtocol(self, label)
+
+        accept = factory
+        if spec.kind in ("tls", "websocket-tls"):
+            from gateway.net.tls import TLSProtocol
+
+            def accept() -> asyncio.Protocol:
+                return TLSProtocol(self, endpoint, factory())
+
         server = await self.loop.create_server(
-            lambda: MQTTProtocol(self, spec.label),
-            spec.host,
-            spec.port,
-            reuse_address=True,
-            backlog=1024,
+            accept, spec.host, spec.port, reuse_address=True, backlog=1024
         )
         self.listeners.append(server)
         bound = [sock.getsockname()[:2] for sock in server.sockets]
+        scheme = {"tcp": "mqtt", "tls": "mqtts", "websocket": "ws", "websocket-tls": "wss"}
         for host, port in bound:
-            log.info("listening on %s:%d (mqtt)", host, port)
+            log.info("listening on %s:%d (%s)", host, port, scheme[spec.kind])
         self.after_event()
         return bound
+
+    def update_listener(self, spec: ListenerSpec) -> None:
+        """New connection-time settings for a running listener (a reload): its TLS
+        context (certificates read again) and WebSocket path."""
+        endpoint = self.endpoints[spec.label]
+        if spec.tls is not None:
+            from gateway.net.tls import server_context
+
+            endpoint.context = server_context(spec.tls)
+        endpoint.path = spec.path
+
+    # ------------------------------------------------------------------ password checks
+
+    def verify(self, attempt: LoginAttempt) -> None:
+        """The core's verifier: run a password check in a worker thread (the hash is
+        slow on purpose) and hand the outcome back on the loop."""
+        if self._checking >= MAX_PENDING_CHECKS:
+            self.broker.password_checked(attempt, None, self.loop.time())
+            self.after_event()
+            return
+        if self._executor is None:
+            import os
+            from concurrent.futures import ThreadPoolExecutor
+
+            # pbkdf2_hmac releases the GIL: two threads use two cores of a Pi.
+            workers = min(2, os.cpu_count() or 1)
+            self._executor = ThreadPoolExecutor(workers, thread_name_prefix="ledge-login")
+        self._checking += 1
+        future = self.loop.run_in_executor(self._executor, attempt.check.run)
+        future.add_done_callback(lambda f: self._checked(attempt, f))
+
+    def _checked(self, attempt: LoginAttempt, future: asyncio.Future[bool]) -> None:
+        self._checking -= 1
+        ok: bool | None = None
+        if not future.cancelled() and future.exception() is None:
+            ok = future.result()
+        self.broker.password_checked(attempt, ok, self.loop.time())
+        self.after_event()
 
     def after_event(self) -> None:
         """Write what the core produced -- at once when a lot is waiting, else at the end
@@ -229,7 +371,12 @@ class Server:
                 for proto in list(self.protocols):
                     if proto.transport is not None:
                         proto.transport.abort()
+        for endpoint in self.endpoints.values():
+            for transport in list(endpoint.pending):
+                transport.abort()
         for server in self.listeners:
             await server.wait_closed()
         if self._timer is not None:
             self._timer.cancel()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)

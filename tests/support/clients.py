@@ -36,6 +36,13 @@ class Paho:
     subacks: list[list[int]] = field(default_factory=list)
     connack: Any = None
     session_present: bool | None = None
+    #: "tcp" or "websockets", TLS with ``ca`` (and a client certificate), credentials.
+    transport: str = "tcp"
+    ws_path: str = "/mqtt"
+    ca: str | None = None
+    cert: tuple[str, str] | None = None
+    username: str | None = None
+    password: str | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -50,8 +57,16 @@ class Paho:
             CallbackAPIVersion.VERSION2,
             client_id=self.client_id,
             protocol=protocol,
+            transport=self.transport,  # type: ignore[arg-type]
             **kwargs,
         )
+        if self.transport == "websockets":
+            self.client.ws_set_options(path=self.ws_path)
+        if self.ca is not None:
+            certfile, keyfile = self.cert or (None, None)
+            self.client.tls_set(ca_certs=self.ca, certfile=certfile, keyfile=keyfile)
+        if self.username is not None:
+            self.client.username_pw_set(self.username, self.password)
         self.client.on_message = self._on_message
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = self._on_disconnect

@@ -45,8 +45,15 @@ class Harness:
         self.now = 1000.0
         self.broker = Broker(BrokerSettings(**settings), now=self.now)
 
-    def client(self, version: int = MQTT_5) -> FakeClient:
-        return FakeClient(self, version)
+    def client(
+        self,
+        version: int = MQTT_5,
+        *,
+        peer: str = "127.0.0.1:9",
+        listener: str = "test",
+        identity: str | None = None,
+    ) -> FakeClient:
+        return FakeClient(self, version, peer, listener, identity)
 
     def advance(self, seconds: float) -> None:
         """Move the clock forward in small steps, firing timers as the shell would."""
@@ -62,10 +69,17 @@ class Harness:
 
 
 class FakeClient:
-    def __init__(self, harness: Harness, version: int) -> None:
+    def __init__(
+        self,
+        harness: Harness,
+        version: int,
+        peer: str = "127.0.0.1:9",
+        listener: str = "test",
+        identity: str | None = None,
+    ) -> None:
         self.h = harness
         self.version = version
-        conn = harness.broker.open_connection("127.0.0.1:9", "test", harness.now)
+        conn = harness.broker.open_connection(peer, listener, harness.now, identity)
         assert conn is not None, "no free connection slot"
         self.conn = conn
         self.reader = PacketReader(version=version)

@@ -38,21 +38,29 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
 
 
 class LedgeProcess:
-    """``ledge run`` as a subprocess on a free loopback port; its log is kept."""
+    """``ledge run`` as a subprocess on a free loopback port; its log is kept.
 
-    def __init__(self, *args: str, config: Path | None = None, port: int = 0) -> None:
-        cmd = [sys.executable, "-m", "gateway", "run", "--listen", f"127.0.0.1:{port}"]
+    With ``listen=False`` the config's own listeners are used (give them port 0):
+    ``ports`` lists their ports in the order they were opened."""
+
+    def __init__(
+        self, *args: str, config: Path | None = None, port: int = 0, listen: bool = True
+    ) -> None:
+        cmd = [sys.executable, "-m", "gateway", "run"]
+        if listen:
+            cmd += ["--listen", f"127.0.0.1:{port}"]
         if config is not None:
             cmd += ["--config", str(config)]
         cmd += list(args)
         self.cmd = cmd
         self.lines: list[str] = []
         self.port = 0
+        self.ports: list[int] = []
         self.proc: subprocess.Popen[str] | None = None
         self._reader: threading.Thread | None = None
         self._terminated = False
 
-    def start(self, timeout: float = 15.0) -> LedgeProcess:
+    def start(self, timeout: float = 15.0, listeners: int = 1) -> LedgeProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
             self.cmd,
@@ -65,17 +73,26 @@ class LedgeProcess:
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
-        def bound() -> int:
-            for line in list(self.lines):
-                m = _LISTENING.search(line)
-                if m:
-                    return int(m.group(2))
+        def bound() -> list[int]:
+            ports = [int(m.group(2)) for m in map(_LISTENING.search, list(self.lines)) if m]
+            if len(ports) >= listeners:
+                return ports
             if self.proc is not None and self.proc.poll() is not None:
                 raise AssertionError(f"ledge exited early:\n{self.log}")
-            return 0
+            return []
 
-        self.port = wait_for(bound, timeout, "ledge to listen")
+        self.ports = wait_for(bound, timeout, "ledge to listen")
+        self.port = self.ports[0]
         return self
+
+    @property
+    def rss_kib(self) -> int:
+        """The gateway process's resident memory now."""
+        assert self.proc is not None
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        raise AssertionError("no VmRSS")
 
     def _read(self) -> None:
         assert self.proc is not None and self.proc.stderr is not None

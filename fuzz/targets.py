@@ -1,0 +1,345 @@
+"""Fuzz targets: bytes in, and an exception only when Ledge has a bug.
+
+``codec``: the bytes, cut into chunks, go to a ``PacketReader`` (3.1.1 or 5.0, with a
+maximum packet size). It must yield packets, ``NEED_DATA`` or the codec's own
+``MQTTError`` -- nothing else -- and every packet it yields must encode again.
+
+``session``: the bytes are a program for the connection state machine of the pure
+broker core: up to four connections send raw bytes or well-formed packets (CONNECT
+with wills and credentials, SUBSCRIBE, PUBLISH with aliases, acknowledgements for
+any id, DISCONNECT), the clock moves, password checks are answered, connections drop.
+An ACL and a password file are configured on some runs. Invariants: the core never
+raises; everything it writes to a client decodes in that client's protocol version;
+a connection the core closed is closed; when everything has gone, every slot of the
+pool is back.
+
+``websocket``: the WebSocket upgrade answer and frame reader, fed whole and in chunks.
+
+All are pure and deterministic (no clock, no sockets), so a crash reproduces from
+its input alone. ``fuzz/__main__.py`` runs them under atheris (coverage-guided);
+the test suite runs them with hypothesis and replays ``tests/vectors/fuzz/``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
+
+from gateway.broker.acl import parse_acl_file
+from gateway.broker.auth import ListenerPolicy, PasswordAuthenticator, hash_password
+from gateway.broker.connection import Connection, State
+from gateway.broker.core import Broker
+from gateway.broker.logins import LoginAttempt
+from gateway.broker.settings import BrokerSettings
+from gateway.mqtt import (
+    MQTT_5,
+    MQTT_311,
+    Connect,
+    Disconnect,
+    MQTTError,
+    NeedData,
+    Packet,
+    PacketReader,
+    Properties,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    Subscribe,
+    SubscriptionRequest,
+    Unsubscribe,
+    Will,
+    encode,
+)
+
+LISTENER: Final = "fuzz"
+MAX_CONNECTIONS: Final = 4
+
+TOPICS: Final = ("a", "a/b", "a/b/c", "$SYS/x", "cmd/u1", "cmd/c2", "", "a/+", "#")
+FILTERS: Final = ("a/#", "a/+", "#", "+/b/#", "$SYS/#", "cmd/%u", "a", "$share/g/a/#", "a//")
+CLIENT_IDS: Final = ("c1", "c2", "c3", "", "u1")
+ACL_TEXT: Final = """
+topic read $SYS/#
+pattern readwrite cmd/%c
+user u1
+topic readwrite a/#
+topic deny a/b/c
+"""
+USERS: Final = {"u1": hash_password("p1", iterations=1)}
+
+
+class Reader:
+    """The fuzzer's bytes as a stream of choices; zeros once exhausted."""
+
+    __slots__ = ("data", "pos")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    @property
+    def left(self) -> int:
+        return len(self.data) - self.pos
+
+    def byte(self) -> int:
+        if self.pos >= len(self.data):
+            return 0
+        self.pos += 1
+        return self.data[self.pos - 1]
+
+    def u16(self) -> int:
+        return self.byte() << 8 | self.byte()
+
+    def take(self, n: int) -> bytes:
+        chunk = self.data[self.pos : self.pos + n]
+        self.pos += len(chunk)
+        return chunk
+
+    def pick(self, options: tuple[str, ...]) -> str:
+        return options[self.byte() % len(options)]
+
+
+# ----------------------------------------------------------------------------- codec
+
+
+def fuzz_codec(data: bytes) -> int:
+    """Returns the number of packets read (for the harness's statistics)."""
+    r = Reader(data)
+    version = MQTT_5 if r.byte() & 1 else MQTT_311
+    max_size = (5, 64, 1024, 268_435_460)[r.byte() % 4]
+    reader = PacketReader(max_size, version)
+    count = 0
+    while r.left:
+        reader.receive_data(r.take(1 + r.byte() % 64))
+        while True:
+            try:
+                packet = reader.next_packet()
+            except MQTTError:
+                return count  # the codec's own error: the connection would be closed
+            if isinstance(packet, NeedData):
+                break
+            count += 1
+            encode(packet, version)  # what was read can be written
+    return count
+
+
+# ----------------------------------------------------------------------------- session
+
+
+class Client:
+    __slots__ = ("conn", "generation", "next_pid", "reader", "version")
+
+    def __init__(self, conn: Connection, version: int) -> None:
+        self.conn = conn
+        self.generation = conn.generation
+        self.version = version
+        self.reader: PacketReader | None = None
+        self.next_pid = 1
+
+
+def fuzz_session(data: bytes) -> int:
+    """Returns the number of operations run."""
+    r = Reader(data)
+    mode = r.byte()
+    settings = BrokerSettings(
+        max_connections=MAX_CONNECTIONS,
+        max_packet_size=(128, 1024, 65_536)[mode % 3],
+        topic_alias_maximum=(0, 2)[mode >> 2 & 1],
+        receive_maximum=1 + (mode >> 3 & 3),
+        max_inflight=1 + (mode >> 5 & 1),
+        max_queued_messages=4,
+        max_queued_bytes=4096,
+        max_retained_messages=4,
+        max_subscriptions_per_client=4,
+        route_cache_size=4,
+        sys_interval=0,
+        connect_timeout=5,
+        max_keepalive=10,
+        slow_consumer_timeout=3,
+        failed_login_delay=0.5 if mode >> 6 & 1 else 0,
+        failed_login_delay_max=2,
+    )
+    now = 1000.0
+    broker = Broker(settings, now=now)
+    pending: list[LoginAttempt] = []
+    if mode >> 7:
+        acl = parse_acl_file(ACL_TEXT)
+        auth = PasswordAuthenticator(bool(mode & 2), dict(USERS))
+        broker.set_policies({LISTENER: ListenerPolicy(auth, acl)}, None, now)
+        broker.verifier = pending.append
+    clients: list[Client] = []
+    ops = 0
+
+    def drain() -> None:
+        for client in list(clients):
+            conn = client.conn
+            if conn.generation != client.generation:
+                raise AssertionError("a client's slot was reused under it")
+            chunks = conn.take_output()
+            if chunks:
+                version = conn.version or client.version
+                if client.reader is None:
+                    client.reader = PacketReader(version=version)
+                client.reader.version = version
+                client.reader.receive_data(b"".join(chunks))
+                while True:  # what the broker writes must be valid MQTT
+                    if isinstance(client.reader.next_packet(), NeedData):
+                        break
+            if conn.state is State.CLOSING:
+                broker.connection_lost(conn, now)  # as the shell does once flushed
+                clients.remove(client)
+        broker.take_dirty()
+
+    while r.left and ops < 400:
+        ops += 1
+        op = r.byte() % 16
+        if op == 0 or not clients:
+            conn = broker.open_connection(f"10.0.0.{r.byte() % 3}:1", LISTENER, now)
+            if conn is not None:
+                clients.append(Client(conn, MQTT_5 if r.byte() & 1 else MQTT_311))
+        else:
+            client = clients[r.byte() % len(clients)]
+            if op == 1:
+                broker.data_received(client.conn, r.take(r.byte() % 48), now)
+            elif op == 2:
+                now += (0.1, 1.0, 5.0, 20.0, 100.0)[r.byte() % 5]
+                broker.tick(now)
+            elif op == 3:
+                broker.connection_lost(client.conn, now)
+                clients.remove(client)
+            elif op == 4 and pending:
+                attempt = pending.pop(r.byte() % len(pending))
+                ok = None if r.byte() % 8 == 0 else attempt.check.run()
+                broker.password_checked(attempt, ok, now)
+            elif op == 5:
+                broker.set_writable(client.conn, bool(r.byte() & 1), now)
+            else:
+                packet = _packet(r, op, client)
+                try:
+                    wire = encode(packet, client.version)
+                except (MQTTError, ValueError, OverflowError):
+                    continue  # not encodable: the raw op covers bytes like these
+                cut = r.byte()
+                if cut and cut < len(wire):  # split, as TCP may
+                    broker.data_received(client.conn, wire[:cut], now)
+                    wire = wire[cut:]
+                broker.data_received(client.conn, wire, now)
+        drain()
+    for client in list(clients):
+        broker.connection_lost(client.conn, now)
+    clients.clear()
+    now += 1e6
+    broker.tick(now)
+    drain()
+    if len(broker._free) != MAX_CONNECTIONS or broker.connections:
+        raise AssertionError("connection slots leaked")
+    return ops
+
+
+def _packet(r: Reader, op: int, client: Client) -> Packet:
+    v5 = client.version == MQTT_5
+    pid = 1 + r.byte() % 4
+    props = Properties()
+    if op == 6:
+        will = None
+        flags = r.byte()
+        if flags & 1:
+            will = Will(r.pick(TOPICS), b"w", flags >> 1 & 3, bool(flags & 8))
+        user = r.pick(("u1", "u2")) if flags & 16 else None
+        password = r.pick(("p1", "p2")).encode() if flags & 32 else None
+        if v5:
+            props = Properties(
+                session_expiry_interval=(0, 5, 0xFFFFFFFF)[r.byte() % 3],
+                receive_maximum=1 + r.byte() % 3,
+                topic_alias_maximum=r.byte() % 3,
+                maximum_packet_size=(None, 40, 1000)[r.byte() % 3],
+                request_problem_information=r.byte() % 2,
+            )
+        return Connect(
+            r.pick(CLIENT_IDS),
+            client.version,
+            bool(flags & 64),
+            r.byte() % 4,
+            will,
+            user,
+            password if (v5 or user) else None,
+            props,
+        )
+    if op in (7, 8):
+        options = r.byte()
+        subs = tuple(
+            SubscriptionRequest(
+                r.pick(FILTERS),
+                options & 3 if options & 3 < 3 else 1,
+                bool(options & 4) and v5,
+                bool(options & 8) and v5,
+                (options >> 4 & 3) % 3 if v5 else 0,
+            )
+            for _ in range(1 + options % 2)
+        )
+        if op == 8:
+            return Unsubscribe(pid, tuple(s.topic_filter for s in subs))
+        if v5 and options & 64:
+            props = Properties(subscription_identifiers=(1 + options % 3,))
+        return Subscribe(pid, subs, props)
+    if op in (9, 10, 11):
+        flags = r.byte()
+        qos = flags % 3
+        topic = r.pick(TOPICS)
+        if v5:
+            props = Properties(
+                topic_alias=(None, 1, 2, 3)[flags >> 2 & 3],
+                message_expiry_interval=(None, 1)[flags >> 4 & 1],
+            )
+        return Publish(
+            topic, b"p" * (r.byte() % 80), qos, bool(flags & 32), False, pid if qos else 0, props
+        )
+    acks: tuple[Callable[[int], Packet], ...] = (PubAck, PubRec, PubRel, PubComp)
+    if op in (12, 13, 14):
+        return acks[r.byte() % 4](pid)
+    return Disconnect((0, 4, 0x81)[r.byte() % 3] if v5 else 0)
+
+
+# ----------------------------------------------------------------------------- websocket
+
+
+def fuzz_websocket(data: bytes) -> int:
+    """The WebSocket upgrade and frame reader (sans-IO halves of ``gateway.net``): an
+    upgrade request is answered with an HTTP status line whatever it holds, and frames
+    fed in chunks give the same MQTT bytes, control frames and verdict as fed whole."""
+    from gateway.net.websocket import BINARY, FrameReader, handshake
+
+    r = Reader(data)
+    if r.byte() & 1:
+        answer = handshake(r.take(r.byte() * 8), "/mqtt")
+        if not answer.response.startswith(b"HTTP/1.1 "):
+            raise AssertionError(f"not an HTTP answer: {answer.response[:40]!r}")
+        if (answer.error is None) != answer.response.startswith(b"HTTP/1.1 101 "):
+            raise AssertionError("an accepted upgrade must answer 101, a refused one not")
+    stream = r.take(r.left)
+    whole = FrameReader()
+    expected = whole.feed(stream)
+    chunked = FrameReader()
+    got = []
+    pos = 0
+    step = 1 + (stream[0] % 7 if stream else 0)
+    while pos < len(stream):
+        got.extend(chunked.feed(stream[pos : pos + step]))
+        pos += step
+    if b"".join(p for o, p in got if o == BINARY) != b"".join(
+        p for o, p in expected if o == BINARY
+    ):
+        raise AssertionError("chunking changed the MQTT byte stream")
+    if [e for e in got if e[0] != BINARY] != [e for e in expected if e[0] != BINARY]:
+        raise AssertionError("chunking changed the control frames")
+    if (chunked.error is None) != (whole.error is None):
+        raise AssertionError("chunking changed the verdict")
+    return len(expected)
+
+
+TARGETS: Final[dict[str, Callable[[bytes], int]]] = {
+    "codec": fuzz_codec,
+    "session": fuzz_session,
+    "websocket": fuzz_websocket,
+}

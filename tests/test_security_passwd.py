@@ -1,0 +1,240 @@
+"""Password files: Mosquitto's format both ways, ``ledge passwd``, logins over real
+sockets with the per-address slowdown, and no secret in any log line."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gateway.broker.auth import parse_hash, parse_password_file
+from tests.support.procs import LedgeProcess, MosquittoProcess, port_open
+from tests.support.raw import Raw
+from tests.support.wait import wait_for
+
+#: Made by Debian's mosquitto_passwd 2.0.11 (``-b``, and ``-H sha512`` for ``$6$``).
+MOSQUITTO_VECTORS = [
+    (
+        "s3cret",
+        "$7$101$8ucC42ZsV9k7l8gP$Ie4lLCCWjjaWaKlsxvti4pCZD0eiUscUzFyw0lI/weNFhpf2WarT6YBHKZ"
+        "W6fr3XWthCMJQhlU/wzVWdKj9tUg==",
+    ),
+    (
+        "pässwörd",
+        "$6$iG3zwgrwAUTLO6W3$/vMbBAAt3XPC+DDn5UiPGqYjn+NEmwMya2SbbhEQykwMQF9cBAV5rt2AkIiQwhNy"
+        "RK0hNdWSx1VO9qKC0XZv5g==",
+    ),
+]
+
+needs_mosquitto_passwd = pytest.mark.skipif(
+    shutil.which("mosquitto_passwd") is None, reason="mosquitto_passwd (Debian mosquitto)"
+)
+
+
+def ledge_passwd(*args: str | Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", "passwd", *map(str, args)],
+        input=stdin,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(("password", "encoded"), MOSQUITTO_VECTORS, ids=["$7$", "$6$"])
+def test_mosquitto_hashes_verify(password: str, encoded: str) -> None:
+    hashed = parse_hash(encoded)
+    assert hashed.verify(password.encode())
+    assert not hashed.verify(password.encode() + b"x")
+    assert hashed.encode() == encoded  # read and written back unchanged
+
+
+@needs_mosquitto_passwd
+@pytest.mark.parametrize("algorithm", ["sha512-pbkdf2", "sha512"])
+def test_a_file_made_by_mosquitto_passwd_is_read_as_is(tmp_path: Path, algorithm: str) -> None:
+    path = tmp_path / "pw"
+    for i, user in enumerate(["alice", "bob", "ünïcode"]):
+        flags = ["-c"] if i == 0 else []
+        subprocess.run(
+            ["mosquitto_passwd", "-H", algorithm, *flags, "-b", str(path), user, f"pw-{user}"],
+            check=True,
+            timeout=30,
+        )
+    users = parse_password_file(path.read_text(encoding="utf-8"))
+    assert set(users) == {"alice", "bob", "ünïcode"}
+    for user, hashed in users.items():
+        assert hashed.verify(f"pw-{user}".encode())
+        assert not hashed.verify(b"pw-nobody")
+
+
+def test_ledge_passwd_adds_changes_and_deletes_users(tmp_path: Path) -> None:
+    path = tmp_path / "pw"
+    assert ledge_passwd("-c", "-b", path, "alice", "one").returncode == 0
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert ledge_passwd(path, "bob", "--password-stdin", stdin="two\n").returncode == 0
+    text = path.read_text()
+    path.write_text("# sensors\n" + text)  # a comment the tool must keep
+    assert ledge_passwd("-b", path, "alice", "three").returncode == 0
+    users = parse_password_file(path.read_text())
+    assert users["alice"].verify(b"three") and not users["alice"].verify(b"one")
+    assert users["bob"].verify(b"two")
+    assert path.read_text().splitlines()[0] == "# sensors"
+    assert ledge_passwd("-D", path, "alice").returncode == 0
+    assert set(parse_password_file(path.read_text())) == {"bob"}
+    missing = ledge_passwd("-D", path, "alice")
+    assert missing.returncode == 1 and "not in" in missing.stderr
+    # Each line is "user:$7$iterations$salt$hash", as mosquitto_passwd writes.
+    (line,) = [ln for ln in path.read_text().splitlines() if not ln.startswith("#")]
+    assert line.startswith("bob:$7$10000$")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-b", "{pw}", "a:b", "x"], "cannot contain ':'"),
+        (["-b", "{pw}", "alice"], "-b needs the password"),
+        (["{pw}", "alice", "x"], "needs -b"),
+        (["-b", "{missing}", "alice", "x"], "does not exist"),
+        (["-b", "{pw}", "alice", ""], "the password is empty"),
+    ],
+)
+def test_ledge_passwd_refuses_with_a_reason(tmp_path: Path, args: list[str], message: str) -> None:
+    pw = tmp_path / "pw"
+    assert ledge_passwd("-c", "-b", pw, "seed", "x").returncode == 0
+    before = pw.read_text()
+    paths = {"pw": str(pw), "missing": str(tmp_path / "nope")}
+    out = ledge_passwd(*(a.format(**paths) for a in args))
+    assert out.returncode == 1 and message in out.stderr, out.stderr
+    assert pw.read_text() == before
+
+
+def test_ledge_passwd_does_not_touch_a_file_it_cannot_read(tmp_path: Path) -> None:
+    pw = tmp_path / "pw"
+    pw.write_text("alice:plaintext\n")
+    out = ledge_passwd("-b", pw, "bob", "x")
+    assert out.returncode == 1 and "not changing it" in out.stderr
+    assert pw.read_text() == "alice:plaintext\n"
+
+
+@pytest.mark.skipif(not MosquittoProcess.available(), reason="Debian mosquitto")
+def test_mosquitto_accepts_a_file_written_by_ledge_passwd(tmp_path: Path) -> None:
+    pw = tmp_path / "pw"
+    assert ledge_passwd("-c", "-b", pw, "alice", "wonderland").returncode == 0
+    # Run as root, mosquitto switches to its own user, which could not read a 0600
+    # file of ours; "user" keeps it as whoever runs the test (ignored when not root).
+    user = pwd.getpwuid(os.getuid()).pw_name
+    broker = MosquittoProcess(tmp_path, f"password_file {pw}\nuser {user}\n").start()
+    try:
+
+        def pub(password: str) -> int:
+            return subprocess.run(
+                [
+                    "mosquitto_pub",
+                    "-p",
+                    str(broker.port),
+                    "-t",
+                    "t",
+                    "-m",
+                    "m",
+                    "-V",
+                    "mqttv5",
+                    "-u",
+                    "alice",
+                    "-P",
+                    password,
+                ],
+                check=False,
+                capture_output=True,
+                timeout=30,
+            ).returncode
+
+        assert pub("wonderland") == 0
+        assert pub("looking-glass") != 0
+    finally:
+        broker.stop()
+
+
+# --------------------------------------------------------------------------- over sockets
+
+
+@pytest.fixture
+def secured(tmp_path: Path) -> LedgeProcess:
+    pw = tmp_path / "pw"
+    assert ledge_passwd("-c", "-b", "-I", "1000", pw, "alice", "Secret-Pa55-XYZ").returncode == 0
+    config = tmp_path / "ledge.toml"
+    config.write_text(
+        f'[auth]\nallow_anonymous = false\npassword_file = "{pw}"\nfailed_login_delay = 0.5\n'
+        f'failed_login_delay_max = 1.0\n[log]\nlevel = "debug"\n'
+    )
+    return LedgeProcess(config=config)
+
+
+def test_password_logins_anonymous_refusal_and_failed_login_slowdown(
+    secured: LedgeProcess,
+) -> None:
+    """Right password: 0x00. None: 0x87 (anonymous not allowed). Wrong: 0x86, answered
+    only after the address's delay, which doubles (0.5 s, then 1 s); another source
+    address starts again from the base delay."""
+    proc = secured.start()
+    try:
+        ok = Raw(proc.port)
+        assert ok.connect("a", username="alice", password=b"Secret-Pa55-XYZ").reason_code == 0
+        ok.close()
+        anon = Raw(proc.port)
+        assert anon.connect("anon").reason_code == 0x87
+        anon.close()
+        delays = []
+        for _ in range(2):
+            bad = Raw(proc.port)
+            start = time.monotonic()
+            assert bad.connect("b", username="alice", password=b"guess").reason_code == 0x86
+            delays.append(time.monotonic() - start)
+            bad.close()
+        assert 0.45 <= delays[0] < 0.9 and delays[1] >= 0.95, delays
+        # 127.0.0.2 is another source address on the same loopback.
+        other = Raw(proc.port, host="127.0.0.1", source="127.0.0.2")
+        start = time.monotonic()
+        assert other.connect("c", username="nobody", password=b"x").reason_code == 0x86
+        assert time.monotonic() - start < 0.9  # its first failure: the base delay only
+        other.close()
+        v311 = Raw(proc.port, version=4, source="127.0.0.3")
+        assert v311.connect("d", username="alice", password=b"nope").reason_code == 4
+        v311.close()
+    finally:
+        assert proc.stop() == 0
+
+
+def test_passwords_and_hashes_never_reach_the_log(secured: LedgeProcess, tmp_path: Path) -> None:
+    proc = secured.start()
+    try:
+        for password in (b"Secret-Pa55-XYZ", b"Wrong-Pa55-QRS"):
+            c = Raw(proc.port, source="127.0.0.4")
+            c.connect("leak", username="alice", password=password)
+            c.close()
+        proc.wait_log("refus", 10)
+    finally:
+        assert proc.stop() == 0
+    digest = (tmp_path / "pw").read_text().split("$")[-1].strip()
+    log = proc.log
+    assert "client 'leak' connected" in log  # the debug log ran
+    for secret in ("Secret-Pa55-XYZ", "Wrong-Pa55-QRS", digest, digest[:16]):
+        assert secret not in log
+
+
+def test_a_password_file_others_can_read_is_warned_about(secured: LedgeProcess) -> None:
+    pw = Path(secured.cmd[secured.cmd.index("--config") + 1]).parent / "pw"
+    os.chmod(pw, 0o644)
+    proc = secured.start()
+    try:
+        proc.wait_log(r"password file .*pw can be read by its group or others \(mode 0644\)")
+        wait_for(lambda: port_open(proc.port), 5, "listening")
+    finally:
+        assert proc.stop() == 0
