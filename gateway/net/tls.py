@@ -16,6 +16,7 @@ import ssl
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gateway.net.layer import Layer, LayerTransport
 from gateway.net.server import linger_close
 
 if TYPE_CHECKING:
@@ -64,40 +65,28 @@ def common_name(peercert: Any) -> str | None:
     return None
 
 
-class TLSProtocol(asyncio.Protocol):
+class TLSProtocol(Layer):
     """One connection on a TLS listener: the handshake (bounded, timed), then records
     decrypted for an inner protocol (``MQTTProtocol`` or ``WebSocketProtocol``), which
     sees a ``TLSTransport``. TLS runs over memory BIOs, so every byte the socket
     delivers goes through it, whichever event loop runs."""
 
     def __init__(self, server: Server, endpoint: Endpoint, inner: asyncio.Protocol) -> None:
-        self.server = server
-        self.endpoint = endpoint
-        self.inner = inner
-        self.raw: asyncio.Transport | None = None
+        super().__init__(server, endpoint, inner)
         self.incoming = ssl.MemoryBIO()
         self.outgoing = ssl.MemoryBIO()
         self.tls: ssl.SSLObject | None = None
-        self.open = False
-        self.closing = False
-        self._timer: asyncio.TimerHandle | None = None
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        raw: asyncio.Transport = transport  # type: ignore[assignment]
-        self.raw = raw
-        if not self.endpoint.admit(raw, self.server):
-            return
+    def start(self) -> None:
         context = self.endpoint.context
         assert context is not None
         self.tls = context.wrap_bio(self.incoming, self.outgoing, server_side=True)
-        self._timer = self.server.loop.call_later(
-            self.server.broker.settings.connect_timeout, self._too_slow
-        )
 
-    def _too_slow(self) -> None:
-        self._timer = None
-        if self.raw is not None and not self.open:
-            self._failed(TimeoutError("not completed in time"))
+    def timed_out(self) -> None:
+        self._failed(TimeoutError("not completed in time"))
+
+    def transport(self, raw: asyncio.Transport) -> LayerTransport:
+        return TLSTransport(self, raw)
 
     def _failed(self, exc: BaseException) -> None:
         self.endpoint.failed_handshake(self.raw.get_extra_info("peername"), exc)  # type: ignore[union-attr]
@@ -126,13 +115,7 @@ class TLSProtocol(asyncio.Protocol):
                 self._failed(exc)
                 return
             self._flush()
-            self.open = True
-            assert self.raw is not None
-            self.endpoint.admitted(self.raw)
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-            self.inner.connection_made(TLSTransport(self, self.raw))
+            self.opened()
         self._read()
 
     def _read(self) -> None:
@@ -145,7 +128,7 @@ class TLSProtocol(asyncio.Protocol):
             except ssl.SSLWantReadError:
                 break
             except ssl.SSLZeroReturnError:  # the client's close_notify: it is done
-                self.close()
+                self.end()
                 break
             except ssl.SSLError as exc:
                 log.info("%s: TLS error from %s: %s", self.endpoint.label, self._peer(), exc)
@@ -157,10 +140,6 @@ class TLSProtocol(asyncio.Protocol):
                 break
             inner.data_received(chunk)
         self._flush()  # session tickets, key updates
-
-    def _peer(self) -> str:
-        peer = self.raw.get_extra_info("peername") if self.raw is not None else None
-        return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         tls = self.tls
@@ -178,7 +157,7 @@ class TLSProtocol(asyncio.Protocol):
             return
         self._flush()
 
-    def close(self) -> None:
+    def end(self) -> None:
         """Send close_notify, then end the TCP connection (lingering, as for plain TCP)."""
         raw = self.raw
         if raw is None or self.closing:
@@ -190,56 +169,14 @@ class TLSProtocol(asyncio.Protocol):
             self._flush()
         linger_close(raw, self.server.loop)
 
-    def eof_received(self) -> bool:
-        return False
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self.open:
-            self.inner.connection_lost(exc)
-        elif self.raw is not None:
-            self.endpoint.admitted(self.raw)
-
-    def pause_writing(self) -> None:
-        if self.open:
-            self.inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        if self.open:
-            self.inner.resume_writing()
-
-
-class TLSTransport(asyncio.Transport):
+class TLSTransport(LayerTransport):
     """What the inner protocol sees: writes are encrypted onto the real transport."""
 
-    def __init__(self, tls: TLSProtocol, raw: asyncio.Transport) -> None:
-        super().__init__()
-        self._tls = tls
-        self._raw = raw
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self._tls.write(data)
-
-    def writelines(self, list_of_data: Any) -> None:
-        self._tls.write(b"".join(list_of_data))
-
-    def can_write_eof(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        self._tls.close()
-
-    def abort(self) -> None:
-        self._tls.closing = True
-        self._raw.abort()
-
-    def is_closing(self) -> bool:
-        return self._tls.closing or self._raw.is_closing()
+    _layer: TLSProtocol
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
-        tls = self._tls.tls
+        tls = self._layer.tls
         if name == "peercert":
             return tls.getpeercert() if tls is not None else default
         if name == "ssl_object":
@@ -247,18 +184,3 @@ class TLSTransport(asyncio.Transport):
         if name == "cipher":
             return tls.cipher() if tls is not None else default
         return self._raw.get_extra_info(name, default)
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        self._raw.set_write_buffer_limits(high, low)
-
-    def get_write_buffer_size(self) -> int:
-        return self._raw.get_write_buffer_size()
-
-    def pause_reading(self) -> None:
-        self._raw.pause_reading()
-
-    def resume_reading(self) -> None:
-        self._raw.resume_reading()
-
-    def is_reading(self) -> bool:
-        return self._raw.is_reading()

@@ -14,11 +14,11 @@ to the ordinary ``MQTTProtocol`` as a transport.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
+from gateway.net.layer import Layer
 from gateway.net.server import linger_close
 
 if TYPE_CHECKING:
@@ -308,87 +308,29 @@ def close_code(payload: bytes) -> int:
 # ----------------------------------------------------------------------------- asyncio shell
 
 
-class WebSocketTransport(asyncio.Transport):
-    """What ``MQTTProtocol`` sees: writes become binary frames on the real transport."""
-
-    def __init__(self, ws: WebSocketProtocol, raw: asyncio.Transport) -> None:
-        super().__init__()
-        self._ws = ws
-        self._raw = raw
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        if self._ws.closing:
-            return
-        self._raw.writelines((frame_header(BINARY, len(data)), data))
-
-    def writelines(self, list_of_data: Any) -> None:
-        self.write(b"".join(list_of_data))
-
-    def can_write_eof(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        self._ws.close(NORMAL)
-
-    def abort(self) -> None:
-        self._ws.closing = True
-        self._raw.abort()
-
-    def is_closing(self) -> bool:
-        return self._ws.closing or self._raw.is_closing()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self._raw.get_extra_info(name, default)
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        self._raw.set_write_buffer_limits(high, low)
-
-    def get_write_buffer_size(self) -> int:
-        return self._raw.get_write_buffer_size()
-
-    def pause_reading(self) -> None:
-        self._raw.pause_reading()
-
-    def resume_reading(self) -> None:
-        self._raw.resume_reading()
-
-    def is_reading(self) -> bool:
-        return self._raw.is_reading()
-
-
-class WebSocketProtocol(asyncio.Protocol):
+class WebSocketProtocol(Layer):
     """One WebSocket connection: the upgrade (bounded, timed), then frames around an
     ``MQTTProtocol``."""
 
     def __init__(self, server: Server, endpoint: Endpoint, inner: MQTTProtocol) -> None:
-        self.server = server
-        self.endpoint = endpoint
-        self.inner = inner
-        self.raw: asyncio.Transport | None = None
+        super().__init__(server, endpoint, inner)
         self.reader = FrameReader()
         self.request = bytearray()
-        self.open = False
-        self.closing = False
-        self._timer: asyncio.TimerHandle | None = None
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        raw: asyncio.Transport = transport  # type: ignore[assignment]
-        self.raw = raw
-        if not self.endpoint.admit(raw, self.server):
+    def timed_out(self) -> None:
+        log.info("closing %s: WebSocket upgrade not completed in time", self._peer())
+        assert self.raw is not None
+        self.raw.abort()
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        """One binary frame per write of the inner protocol."""
+        if self.closing:
             return
-        self._timer = self.server.loop.call_later(
-            self.server.broker.settings.connect_timeout, self._too_slow
-        )
+        assert self.raw is not None
+        self.raw.writelines((frame_header(BINARY, len(data)), data))
 
-    def _too_slow(self) -> None:
-        self._timer = None
-        if self.raw is not None and not self.open:
-            log.info("closing %s: WebSocket upgrade not completed in time", self._peer())
-            self.raw.abort()
-
-    def _peer(self) -> str:
-        peer = self.raw.get_extra_info("peername") if self.raw is not None else None
-        return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+    def end(self) -> None:
+        self.close(NORMAL)
 
     def data_received(self, data: bytes) -> None:
         raw = self.raw
@@ -411,12 +353,7 @@ class WebSocketProtocol(asyncio.Protocol):
         if answer.error is not None:
             self._refused(answer.error)
             return
-        self.open = True
-        self.endpoint.admitted(raw)
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self.inner.connection_made(WebSocketTransport(self, raw))
+        self.opened()
         if rest:
             self._frames(rest)
 
@@ -456,23 +393,3 @@ class WebSocketProtocol(asyncio.Protocol):
         self.closing = True
         raw.write(close_frame(code, reason))
         linger_close(raw, self.server.loop)
-
-    def eof_received(self) -> bool:
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self.open:
-            self.inner.connection_lost(exc)
-        elif self.raw is not None:
-            self.endpoint.admitted(self.raw)
-
-    def pause_writing(self) -> None:
-        if self.open:
-            self.inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        if self.open:
-            self.inner.resume_writing()
