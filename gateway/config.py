@@ -7,6 +7,7 @@ config: one listener on 127.0.0.1:1883, anonymous clients allowed. Options marke
 
 from __future__ import annotations
 
+import importlib
 import re
 import socket
 import tomllib
@@ -60,28 +61,26 @@ def _readable(path: Path | None) -> Path | None:
     return path
 
 
-def _password_file(path: Path | None) -> Path | None:
-    if _readable(path) is not None:
-        from gateway.broker.auth import parse_password_file
-
-        assert path is not None
-        try:
-            parse_password_file(path.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{str(path)!r}: {exc}") from None
+def _parsed(path: Path | None, module: str, parser: str) -> Path | None:
+    """A readable file that ``module.parser`` accepts; the module is imported only when a
+    file is configured (it costs memory otherwise)."""
+    if _readable(path) is None:
+        return path
+    assert path is not None
+    parse = getattr(importlib.import_module(module), parser)
+    try:
+        parse(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{str(path)!r}: {exc}") from None
     return path
+
+
+def _password_file(path: Path | None) -> Path | None:
+    return _parsed(path, "gateway.broker.auth", "parse_password_file")
 
 
 def _acl_file(path: Path | None) -> Path | None:
-    if _readable(path) is not None:
-        from gateway.broker.acl import parse_acl_file
-
-        assert path is not None
-        try:
-            parse_acl_file(path.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{str(path)!r}: {exc}") from None
-    return path
+    return _parsed(path, "gateway.broker.acl", "parse_acl_file")
 
 
 class ListenerConfig(_Model):
