@@ -100,3 +100,75 @@ def gateway_config(discovery_prefix: str, gateway: str, status_topic: str) -> tu
         f"{discovery_prefix}/binary_sensor/{node}/status/config",
         json.dumps(body, separators=(",", ":")).encode(),
     )
+
+
+#: The gateway's own health as Home Assistant entities: (component, key, name, value
+#: template, extra config). They read one retained JSON state message.
+GATEWAY_ENTITIES: Final[tuple[tuple[str, str, str, str, dict[str, Any]], ...]] = (
+    ("sensor", "clients", "clients connected", "{{ value_json.clients }}",
+     {"state_class": "measurement", "icon": "mdi:lan-connect"}),
+    ("sensor", "messages_in", "messages in", "{{ value_json.messages_in }}",
+     {"unit_of_measurement": "msg/s", "state_class": "measurement", "icon": "mdi:download"}),
+    ("sensor", "messages_out", "messages out", "{{ value_json.messages_out }}",
+     {"unit_of_measurement": "msg/s", "state_class": "measurement", "icon": "mdi:upload"}),
+    ("sensor", "dropped", "messages dropped", "{{ value_json.dropped }}",
+     {"state_class": "total_increasing", "icon": "mdi:delete-alert"}),
+    ("sensor", "rss", "memory", "{{ value_json.rss_mib }}",
+     {"device_class": "data_size", "unit_of_measurement": "MiB", "state_class": "measurement",
+      "entity_category": "diagnostic"}),
+    ("sensor", "uptime", "uptime", "{{ value_json.uptime }}",
+     {"device_class": "duration", "unit_of_measurement": "s", "entity_category": "diagnostic"}),
+)  # fmt: skip
+
+
+def gateway_sensor_configs(
+    discovery_prefix: str,
+    gateway: str,
+    status_topic: str,
+    state_topic: str,
+    bridges: tuple[str, ...] = (),
+    disk: bool = False,
+) -> list[tuple[str, bytes]]:
+    """The gateway as a device: its health (clients, message rates, drops, memory,
+    uptime, free disk under ``data_dir``) and each bridge's link and outbox, all read
+    from ``state_topic`` and available while ``status_topic`` says online."""
+    node = _slug(gateway)
+    device = {"identifiers": [f"ledge_{node}"], "name": f"Ledge {gateway}", "manufacturer": "Ledge"}
+    entities = list(GATEWAY_ENTITIES)
+    if disk:
+        entities.append(
+            ("sensor", "free_disk", "free disk", "{{ value_json.free_disk_mib }}",
+             {"device_class": "data_size", "unit_of_measurement": "MiB",
+              "state_class": "measurement", "entity_category": "diagnostic"})
+        )  # fmt: skip
+    for bridge in bridges:
+        ref = f"value_json.bridges[{json.dumps(bridge)}]"
+        slug = _slug(bridge)
+        entities += [
+            ("binary_sensor", f"bridge_{slug}", f"bridge {bridge}",
+             f"{{{{ 'ON' if {ref}.connected else 'OFF' }}}}",
+             {"device_class": "connectivity"}),
+            ("sensor", f"bridge_{slug}_outbox", f"bridge {bridge} outbox",
+             f"{{{{ {ref}.outbox }}}}",
+             {"unit_of_measurement": "messages", "state_class": "measurement"}),
+            ("sensor", f"bridge_{slug}_oldest", f"bridge {bridge} oldest message",
+             f"{{{{ {ref}.oldest_age }}}}",
+             {"device_class": "duration", "unit_of_measurement": "s",
+              "state_class": "measurement"}),
+        ]  # fmt: skip
+    out = []
+    for component, key, name, template, extra in entities:
+        unique = f"ledge_{node}_{key}"
+        body: dict[str, Any] = {
+            "name": name,
+            "unique_id": unique,
+            "object_id": unique,
+            "state_topic": state_topic,
+            "value_template": template,
+            "availability_topic": status_topic,
+            "device": device,
+            **extra,
+        }
+        topic = f"{discovery_prefix}/{component}/{node}/{key}/config"
+        out.append((topic, json.dumps(body, separators=(",", ":")).encode()))
+    return out

@@ -40,6 +40,7 @@ from gateway.runtime import (
 if TYPE_CHECKING:
     from gateway.bridge.link import Bridge
     from gateway.bridge.sequence import Sequence
+    from gateway.metrics.collect import Metrics
     from gateway.sensors import SensorHub
     from gateway.store.sqlite import Snapshot, Store
     from gateway.taps import TapPlane
@@ -103,6 +104,7 @@ class Gateway:
         self._sequence: Sequence | None = None
         self._health_timer: asyncio.TimerHandle | None = None
         self._drops_reported = 0
+        self.metrics: Metrics | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -137,6 +139,19 @@ class Gateway:
                 ) from None
         self._start_bridges()
         self._start_sensors_and_taps(loop)
+        if config.http.enabled or config.sensors.homeassistant:
+            # Imported here: without [http] or Home Assistant the metrics code never loads.
+            from gateway.metrics.collect import start_metrics
+
+            self.metrics = await start_metrics(
+                config,
+                self.broker,
+                self.server,
+                store=self.store,
+                bridges=self.bridges,
+                sensors=self.sensors,
+                taps=self.taps,
+            )
         self._schedule_health(loop)
         self._snapshot = None
         release_free_memory()
@@ -348,6 +363,8 @@ class Gateway:
     async def close(self) -> None:
         if self._health_timer is not None:
             self._health_timer.cancel()
+        if self.metrics is not None:
+            await self.metrics.close()
         if self.sensors is not None:
             await self.sensors.stop()
         if self.taps is not None:

@@ -13,7 +13,7 @@ import socket
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -30,6 +30,7 @@ from gateway.broker.settings import NEVER_EXPIRES, BrokerSettings
 from gateway.mqtt.reason_codes import ReasonCode
 from gateway.mqtt.topics import filter_error
 from gateway.mqtt.wire import VARINT_MAX
+from gateway.net.http_settings import HTTPSettings
 from gateway.runtime import (
     ConfigError,
     FieldSettings,
@@ -40,6 +41,9 @@ from gateway.runtime import (
     TapSettings,
 )
 from gateway.store.settings import StoreSettings
+
+if TYPE_CHECKING:
+    from gateway.net.tls import TLSSettings
 
 
 def _reload(yes: bool) -> dict[str, Any]:
@@ -434,6 +438,82 @@ class AuthConfig(_Model):
         return self
 
 
+# ----------------------------------------------------------------------- [http]
+
+
+class HTTPConfig(_Model):
+    """The HTTP listener of ``/metrics``, ``/api/status`` and the status page."""
+
+    enabled: bool = Field(False, json_schema_extra=_reload(False))
+    host: str = Field("127.0.0.1", json_schema_extra=_reload(False))
+    port: int = Field(9883, ge=0, le=65535, json_schema_extra=_reload(False))
+    certfile: Path | None = Field(None, json_schema_extra=_reload(False))
+    keyfile: Path | None = Field(None, json_schema_extra=_reload(False))
+    cafile: Path | None = Field(None, json_schema_extra=_reload(False))
+    require_certificate: bool = Field(False, json_schema_extra=_reload(False))
+    tls_version: Literal["tlsv1.2", "tlsv1.3"] = Field("tlsv1.2", json_schema_extra=_reload(False))
+    password_file: Path | None = Field(None, json_schema_extra=_reload(False))
+    token_file: Path | None = Field(None, json_schema_extra=_reload(False))
+    max_connections: int = Field(16, ge=1, le=1024, json_schema_extra=_reload(False))
+    max_header_bytes: int = Field(8192, ge=1024, le=65536, json_schema_extra=_reload(False))
+    request_timeout: float = Field(10.0, gt=0, json_schema_extra=_reload(False))
+    keepalive_timeout: float = Field(5.0, gt=0, json_schema_extra=_reload(False))
+    max_requests: int = Field(100, ge=1, json_schema_extra=_reload(False))
+
+    _files = field_validator("certfile", "keyfile", "cafile")(_readable)
+    _passwords = field_validator("password_file")(_password_file)
+
+    @field_validator("token_file")
+    @classmethod
+    def _token(cls, path: Path | None) -> Path | None:
+        if _readable(path) is not None:
+            from gateway.net.http import MIN_TOKEN_LENGTH, read_token
+
+            assert path is not None
+            if len(read_token(path)) < MIN_TOKEN_LENGTH:
+                raise ValueError(
+                    f"the token in {str(path)!r} is shorter than {MIN_TOKEN_LENGTH} characters"
+                )
+        return path
+
+    @model_validator(mode="after")
+    def _tls(self) -> HTTPConfig:
+        if (self.certfile is None) != (self.keyfile is None):
+            raise ValueError("certfile and keyfile go together (HTTPS)")
+        if self.certfile is None and (self.cafile or self.require_certificate):
+            raise ValueError("cafile and require_certificate need certfile and keyfile")
+        if self.require_certificate and self.cafile is None:
+            raise ValueError("require_certificate needs cafile (the CA that signs clients)")
+        if self.certfile is not None:
+            import ssl
+
+            from gateway.net.tls import server_context
+
+            try:
+                server_context(self.tls_settings())
+            except (ssl.SSLError, OSError, ValueError) as exc:
+                raise ValueError(f"cannot use certfile/keyfile/cafile: {exc}") from None
+        return self
+
+    def tls_settings(self) -> TLSSettings:
+        from gateway.net.tls import TLSSettings
+
+        assert self.certfile is not None and self.keyfile is not None
+        return TLSSettings(
+            str(self.certfile),
+            str(self.keyfile),
+            None if self.cafile is None else str(self.cafile),
+            self.require_certificate,
+            self.tls_version,
+        )
+
+    def to_settings(self) -> HTTPSettings:
+        values = self.model_dump()
+        for name in ("certfile", "keyfile", "cafile", "password_file", "token_file"):
+            values[name] = None if values[name] is None else str(values[name])
+        return HTTPSettings(**values)
+
+
 class LogConfig(_Model):
     level: Literal["debug", "info", "warning", "error"] = Field(
         "info", json_schema_extra=_reload(True)
@@ -474,6 +554,7 @@ class Config(_Model):
 
     auth: AuthConfig = Field(default_factory=AuthConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+    http: HTTPConfig = Field(default_factory=HTTPConfig)
 
     def to_runtime(
         self, path: Path | None = None, overrides: Overrides | None = None
@@ -511,6 +592,7 @@ class Config(_Model):
             taps=TapSettings(self.taps.module, self.taps.queue_size),
             bridges=tuple(b.to_settings() for b in self.bridges),
             health_interval=self.gateway.health_interval,
+            http=self.http.to_settings(),
             config_path=None if path is None else str(path),
             override_args=overrides.args() if overrides is not None else (),
             reloadable=(

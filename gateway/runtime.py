@@ -22,6 +22,7 @@ from gateway.broker.auth import (
     parse_password_file,
 )
 from gateway.broker.settings import BrokerSettings
+from gateway.net.http_settings import HTTPSettings
 from gateway.store.settings import StoreSettings
 
 if TYPE_CHECKING:
@@ -127,6 +128,7 @@ class RuntimeConfig:
     bridges: tuple[BridgeSettings, ...] = ()
     #: Seconds between <prefix>/<gateway>/health reports; 0: none.
     health_interval: float = 60.0
+    http: HTTPSettings = field(default_factory=HTTPSettings)
     #: The file the config came from (None: the embedded default) ...
     config_path: str | None = None
     #: ... and the command-line flags that override it, re-applied on reload.
@@ -156,6 +158,7 @@ class RuntimeConfig:
             taps=TapSettings(**data["taps"]),
             bridges=tuple(_bridge_settings(b) for b in data["bridges"]),
             health_interval=data["health_interval"],
+            http=HTTPSettings(**data["http"]),
             config_path=data["config_path"],
             override_args=tuple(data["override_args"]),
             reloadable=tuple(data["reloadable"]),
@@ -263,6 +266,14 @@ def file_warnings(config: RuntimeConfig) -> list[str]:
         ):
             if path is not None:
                 files.setdefault(path, kind)
+    http = config.http
+    for kind, path in (
+        ("password file", http.password_file),
+        ("token file", http.token_file),
+        ("TLS key", http.keyfile),
+    ):
+        if http.enabled and path is not None:
+            files.setdefault(path, kind)
     warnings = []
     for path, kind in files.items():
         try:

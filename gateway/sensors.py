@@ -63,6 +63,8 @@ class SerialSensor:
             settings.only_mapped,
         )
         self.stats = DeviceStats()
+        #: The newest reading of each quantity (for the status page).
+        self.last: dict[str, Reading] = {}
         self._budget = LOG_BUDGET
         self._budget_reset = 0.0
         self._suppressed = 0
@@ -132,6 +134,9 @@ class SerialSensor:
             readings.extend(got)
         if readings:
             self.stats.readings += len(readings)
+            last = self.last
+            for reading in readings:
+                last[reading.quantity] = reading
             self.hub.publish_readings(readings)
 
     def _state(self, connected: bool) -> None:

@@ -20,6 +20,7 @@ from gateway.config import (
     Config,
     GatewayConfig,
     HomeAssistantConfig,
+    HTTPConfig,
     ListenerConfig,
     LogConfig,
     ReadingsConfig,
@@ -91,6 +92,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("# [[bridges.rules]]", BridgeRuleConfig),
     ("[auth]", AuthConfig),
     ("[log]", LogConfig),
+    ("[http]", HTTPConfig),
 ]
 
 
@@ -119,6 +121,7 @@ def test_example_config_documents_every_option_and_its_reload(
             "homeassistant",
             "taps",
             "bridges",
+            "http",
         ):
             continue
         m = re.search(rf"^((?:#.*\n)+)#? ?{name} = ", section, re.M)
@@ -143,6 +146,10 @@ def test_example_config_documents_every_option_and_its_reload(
             r"broker\.deny_subscriptions \(line 2\): .*'#' must be the last level",
         ),
         ("[log]\nlevel = 'loud'\n", r"log\.level \(line 2\): "),
+        ("[http]\nport = 70000\n", r"http\.port \(line 2\): .*65535"),
+        ("[http]\ncertfile = '/etc/hostname'\n", r"http \(line 1\): .*certfile and keyfile go"),
+        ("[http]\ntoken_file = '/nonexistent'\n", r"http\.token_file \(line 2\): .*cannot read"),
+        ("[http]\nmax_header_bytes = 100\n", r"http\.max_header_bytes \(line 2\): .*1024"),
         ("[broker\n", r"TOML syntax error: .*line 1"),
     ],
 )
@@ -151,6 +158,16 @@ def test_config_errors_name_key_path_and_line(text: str, expected: str) -> None:
         parse_config(text, "test.toml")
     assert re.search(expected, str(info.value)), str(info.value)
     assert str(info.value).startswith("test.toml: ")
+
+
+def test_an_http_token_must_be_long_enough(tmp_path: Path) -> None:
+    short = tmp_path / "token"
+    short.write_text("tooshort\n")
+    with pytest.raises(ConfigError, match=r"http\.token_file .*shorter than 16"):
+        parse_config(f"[http]\ntoken_file = '{short}'\n", "t.toml")
+    short.write_text("  a-token-of-twenty-chars  \n# comment\n")
+    config = parse_config(f"[http]\nenabled = true\ntoken_file = '{short}'\n", "t.toml")
+    assert config.to_runtime().http.token_file == str(short)
 
 
 def test_check_config_exit_codes(tmp_path: Path) -> None:

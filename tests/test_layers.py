@@ -170,3 +170,21 @@ def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
     bad.write_text("import socket\nfrom gateway.net import server\n")
     found = imports(bad)
     assert "socket" in found and "gateway.net" in found
+
+
+#: The metrics view and the status page: values in, text out.
+PURE_METRICS = ["view.py", "page.py"]
+
+
+@pytest.mark.parametrize("name", PURE_METRICS)
+def test_the_metrics_view_is_pure(name: str) -> None:
+    problems = []
+    for module in imports(REPO / "gateway/metrics" / name):
+        top = module.split(".")[0]
+        if top in IMPURE_MODULES or top in {"os", "logging"}:
+            problems.append(f"imports {module} (I/O or clock)")
+        elif top == "gateway" and not module.startswith("gateway.metrics"):
+            problems.append(f"imports {module} (the view reads values, not the gateway)")
+        elif top not in sys.stdlib_module_names and top not in {"__future__", "gateway"}:
+            problems.append(f"imports third-party {module}")
+    assert not problems, "\n".join(problems)

@@ -170,6 +170,8 @@ class Bridge:
         self.stats = BridgeStats()
         self.state = "disconnected"
         self.address = ""
+        #: Why the last connection attempt failed or the link was lost ("" : never).
+        self.last_error = ""
         self.remote_receive_maximum = 65_535
         self.window = settings.max_inflight
         self.inflight = 0
@@ -367,6 +369,7 @@ class Bridge:
                 raise
             except Exception as exc:  # every failure means: reconnect
                 reason = _describe(exc)
+                self.last_error = reason
             finally:
                 self._disconnected()
             if self._stopping:

@@ -1,0 +1,314 @@
+"""The collector over a real broker core driven by fake clients: every ``$SYS`` value
+has its metric with the same value, labels stay bounded, a new component plugs in,
+and ``promtool`` accepts the whole exposition."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway.bridge.link import Bridge
+from gateway.bridge.sequence import Sequence
+from gateway.bridge.settings import BridgeSettings, RuleSettings
+from gateway.metrics.collect import (
+    HISTORY,
+    BridgeSource,
+    BrokerSource,
+    Collector,
+    ProcessSource,
+    SensorSource,
+    TapSource,
+)
+from gateway.metrics.view import (
+    ListenerStatus,
+    Sample,
+    StatusPart,
+    Values,
+    counter,
+    gauge,
+)
+from gateway.mqtt import MQTT_5, MQTT_311, Disconnect, Properties, Publish
+from gateway.runtime import SensorSettings, SerialSettings
+from gateway.sensors import SensorHub
+from gateway.taps import TapPlane
+from tests.support.harness import FakeClient, Harness
+
+#: ``$SYS/broker/<topic>`` -> (metric, labels): the value must be the same. Counts of
+#: drops by reason are compared one by one; ``None`` labels mean "sum of the family".
+SYS_METRICS: dict[str, tuple[str, dict[str, str] | None]] = {
+    "clients/connected": ("ledge_clients_connected", None),
+    "clients/total": ("ledge_sessions", None),
+    "clients/maximum": ("ledge_clients_maximum", {}),
+    "messages/received": ("ledge_packets_received_total", {}),
+    "messages/sent": ("ledge_packets_sent_total", {}),
+    "publish/messages/received": ("ledge_messages_received_total", {}),
+    "publish/messages/sent": ("ledge_messages_sent_total", {}),
+    "bytes/received": ("ledge_received_bytes_total", {}),
+    "bytes/sent": ("ledge_sent_bytes_total", {}),
+    "subscriptions/count": ("ledge_subscriptions", {}),
+    "retained messages/count": ("ledge_retained_messages", {}),
+    "publish/messages/dropped/slow consumer": (
+        "ledge_messages_dropped_total",
+        {"reason": "slow_consumer"},
+    ),
+    "publish/messages/dropped/queue full": (
+        "ledge_messages_dropped_total",
+        {"reason": "queue_full"},
+    ),
+    "publish/messages/dropped/expired": ("ledge_messages_dropped_total", {"reason": "expired"}),
+    "publish/messages/dropped/too large": ("ledge_messages_dropped_total", {"reason": "too_large"}),
+    "publish/messages/dropped/offline qos 0": (
+        "ledge_messages_dropped_total",
+        {"reason": "offline_qos0"},
+    ),
+    "publish/messages/denied": ("ledge_messages_denied_total", {}),
+    "retained messages/refused": ("ledge_retained_refused_total", {}),
+    "clients/refused": ("ledge_connections_refused_total", {}),
+    "clients/protocol errors": ("ledge_protocol_errors_total", {}),
+    "taps/queued": ("ledge_taps_queued_total", {}),
+    "taps/handled": ("ledge_taps_handled_total", {}),
+    "taps/failed": ("ledge_taps_failed_total", {}),
+    "taps/dropped": ("ledge_taps_dropped_total", {}),
+    "taps/waiting": ("ledge_taps_waiting", {}),
+}
+#: $SYS values with no metric of their own, and why.
+SYS_ELSEWHERE = {
+    "version": "ledge_build_info{version}",
+    "uptime": "ledge_uptime_seconds (the $SYS text says '<n> seconds')",
+    "clients/disconnected": "ledge_sessions{state='offline'} plus in-process sessions",
+    "publish/messages/dropped": "the sum of ledge_messages_dropped_total",
+}
+
+
+class World:
+    """A broker with clients, sensors and taps, and a collector over all of it."""
+
+    def __init__(self) -> None:
+        self.h = Harness(max_queued_messages=2)
+        self.broker = self.h.broker
+        settings = SensorSettings(
+            "gw1", serial=(SerialSettings("env", "/dev/null-not-opened", protocol="kv"),)
+        )
+        self.hub = SensorHub(self.broker, settings, lambda: self.h.now, lambda: None)
+        self.taps = TapPlane(self.broker, lambda: self.h.now, lambda: None, [], queue_size=5)
+        self.broker.sys_sources.append(self.hub.sys_values)
+        self.broker.sys_sources.append(self.taps.sys_values)
+        self.collector = Collector(
+            self.broker, "gw1", lambda: self.h.now, (ListenerStatus("test", "tcp", "x:1"),)
+        )
+        self.collector.register(BrokerSource(self.broker, lambda: self.h.now))
+        self.collector.register(ProcessSource(1_700_000_000.0))
+        self.sensors = SensorSource(self.hub)
+        self.collector.register(self.sensors)
+        self.collector.register(TapSource(self.taps))
+
+    def values(self) -> Values:
+        return Values(self.collector.samples())
+
+
+def busy_world() -> tuple[World, list[FakeClient]]:
+    """Clients of both versions publishing, subscribing, retaining, and every drop."""
+    w = World()
+    h = w.h
+    sub = h.client(MQTT_5)
+    sub.connect("sub", clean_start=False, session_expiry_interval=300)
+    sub.subscribe("a/#", qos=1)
+    old = h.client(MQTT_311)
+    old.connect("old")
+    old.subscribe("a/b")
+    pub = h.client(MQTT_5)
+    pub.connect("pub")
+    for i in range(3):
+        pub.publish("a/b", b"x", qos=1)
+        pub.publish(f"r/{i}", b"kept", retain=True)
+    sub.send(Disconnect())
+    for _ in range(3):  # offline with a queue of 2: one dropped as queue full
+        pub.publish("a/c", b"y", qos=1)
+    bad = h.client(MQTT_5)
+    bad.connect("bad")
+    bad.send(Publish("a/#", b"x", 0, False, False, 0, Properties()))  # 0x90: a protocol error
+    bad.drop()
+    w.hub.sensors["env"]._data(b"temp=21.5 hum=40\nnot a reading\n")
+    return w, [old, pub]
+
+
+def test_every_sys_value_has_its_metric_with_the_same_value() -> None:
+    w, _clients = busy_world()
+    sys_values = w.broker.sys_values(w.h.now)
+    v = w.values()
+    checked = 0
+    for topic, value in sys_values.items():
+        key = topic.removeprefix("$SYS/broker/")
+        if key in SYS_ELSEWHERE or key.startswith(("load/", "sensors/")):
+            continue
+        assert key in SYS_METRICS, f"$SYS/broker/{key} has no metric"
+        name, labels = SYS_METRICS[key]
+        got = v.total(name) if labels is None else v.get(name, float("nan"), **labels)
+        assert got == float(value), f"{key}: $SYS says {value}, {name} says {got}"
+        checked += 1
+    assert checked == len(SYS_METRICS)
+    assert v.get("ledge_messages_dropped_total", reason="queue_full") == 1
+    assert v.get("ledge_protocol_errors_total") == 1
+    assert v.get("ledge_retained_messages") == 3
+
+
+def test_the_serial_counts_match_their_sys_values() -> None:
+    w, _clients = busy_world()
+    sys_values = w.hub.sys_values()
+    v = w.values()
+    assert v.get("ledge_sensor_lines_total", driver="serial") == int(
+        sys_values["sensors/serial/env/lines"]
+    )
+    assert v.get("ledge_sensor_readings_total", driver="serial") == 2
+    assert v.get("ledge_sensor_bad_lines_total", driver="serial", reason="unreadable") == 1
+    assert v.get("ledge_sensor_devices", driver="serial", state="disconnected") == 1
+
+
+def test_clients_are_labelled_by_listener_and_version_only() -> None:
+    w, _clients = busy_world()
+    clients = {
+        dict(s.labels)["protocol"]: s.value
+        for s in w.collector.samples()
+        if s.name == "ledge_clients_connected"
+    }
+    assert clients == {"3.1.1": 1, "5.0": 1}
+    for sample in w.collector.samples():
+        labels = dict(sample.labels)
+        assert set(labels) <= {"listener", "protocol", "reason", "state", "driver", "version"}
+        assert "sub" not in labels.values() and "old" not in labels.values()
+
+
+def test_sessions_are_counted_by_state() -> None:
+    w, _clients = busy_world()
+    v = w.values()
+    assert v.get("ledge_sessions", state="connected") == 2
+    assert v.get("ledge_sessions", state="offline") == 1
+    assert v.get("ledge_sessions", state="in_process") == 2  # sensors and taps
+
+
+def test_a_slow_consumer_is_counted_while_it_does_not_read() -> None:
+    w, (old, _pub) = busy_world()
+    assert w.values().get("ledge_clients_slow") == 0
+    w.broker.set_writable(old.conn, False, w.h.now)
+    assert w.values().get("ledge_clients_slow") == 1
+    assert "1 slow consumer(s)" in " ".join(w.collector.status()["warnings"])
+
+
+def test_rates_and_sparklines_come_from_ticks() -> None:
+    w, (_old, pub) = busy_world()
+    w.collector.tick()
+    w.h.now += 5
+    for _ in range(10):
+        pub.publish("a/b", b"x")
+    w.hub.sensors["env"]._data(b"temp=22.5\n")
+    w.collector.tick()
+    w.h.now += 5
+    w.hub.sensors["env"]._data(b"temp=23.5\n")
+    w.collector.tick()
+    w.collector.tick()  # no new reading: the history does not grow
+    doc = w.collector.status()
+    assert doc["messages"]["received_history"][0] == 2.0  # 10 messages in 5 s
+    env = next(d for d in doc["devices"] if d["name"] == "env")
+    temperature = next(v for v in env["values"] if v["quantity"] == "temp")
+    assert temperature["value"] == 23.5
+    assert temperature["history"] == [21.5, 22.5, 23.5]
+    for _ in range(HISTORY + 5):
+        w.h.now += 1
+        w.hub.sensors["env"]._data(b"temp=1\n")
+        w.collector.tick()
+    doc = w.collector.status()
+    env = next(d for d in doc["devices"] if d["name"] == "env")
+    temperature = next(v for v in env["values"] if v["quantity"] == "temp")
+    assert len(temperature["history"]) == HISTORY
+    assert len(doc["messages"]["received_history"]) == HISTORY
+
+
+class BleLike:
+    """A component the view has never heard of, plugging in by the two protocols."""
+
+    def samples(self) -> Iterable[Sample]:
+        yield counter("ledge_ble_adverts_total", "Adverts.", 7, driver="ble")
+        yield gauge("ledge_sensor_devices", "Configured sensor devices, by state.", 3,
+                    driver="ble", state="connected")  # fmt: skip
+
+    def status(self) -> StatusPart:
+        return StatusPart(warnings=("adapter hci0 failed: reset 3 times",))
+
+
+class Broken:
+    def samples(self) -> Iterator[Sample]:
+        yield gauge("ledge_ok_before_failing", "h", 1)
+        raise RuntimeError("a bug")
+
+
+def test_a_new_component_plugs_in_without_touching_the_view() -> None:
+    w, _clients = busy_world()
+    w.collector.register(BleLike())
+    text = w.collector.metrics()
+    assert 'ledge_ble_adverts_total{driver="ble"} 7' in text
+    # One family, two drivers, written together under one HELP/TYPE.
+    assert text.count("# TYPE ledge_sensor_devices gauge") == 1
+    assert 'ledge_sensor_devices{driver="ble",state="connected"} 3' in text
+    assert "adapter hci0 failed: reset 3 times" in w.collector.status()["warnings"]
+
+
+def test_a_failing_source_leaves_only_its_own_values_out(caplog: pytest.LogCaptureFixture) -> None:
+    w, _clients = busy_world()
+    w.collector.register(Broken())
+    text = w.collector.metrics()
+    assert "ledge_messages_received_total" in text
+    assert "ledge_ok_before_failing" in text
+    w.collector.metrics()
+    assert sum("Broken failed" in r.message for r in caplog.records) == 1  # logged once
+
+
+def test_bridge_values_are_labelled_by_bridge_and_reason() -> None:
+    w = World()
+    settings = BridgeSettings("cloud", (("127.0.0.1", 1),), (RuleSettings("#"),))
+    bridge = Bridge(
+        settings, gateway="gw1", prefix="ledge", broker=w.broker, sequence=Sequence(1),
+        kick=lambda: None,
+    )  # fmt: skip
+    bridge.outbox.stats.dropped_full = 4
+    bridge.stats.rejected = 1
+    bridge.last_error = "connection refused"
+    source = BridgeSource([bridge])
+    v = Values(source.samples())
+    assert v.get("ledge_bridge_connected", bridge="cloud") == 0
+    assert v.get("ledge_bridge_messages_dropped_total", bridge="cloud", reason="outbox_full") == 4
+    assert v.get("ledge_bridge_messages_dropped_total", bridge="cloud", reason="rejected") == 1
+    assert v.get("ledge_bridge_outbox_limit_bytes", bridge="cloud") == settings.outbox.max_bytes
+    (status,) = source.status().bridges
+    assert (status.state, status.last_error, status.dropped) == (
+        "disconnected",
+        "connection refused",
+        5,
+    )
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian prometheus)")
+def test_promtool_accepts_the_whole_exposition(tmp_path: Path) -> None:
+    w, _clients = busy_world()
+    settings = BridgeSettings("cloud", (("127.0.0.1", 1),), (RuleSettings("#"),))
+    bridge = Bridge(
+        settings, gateway="gw1", prefix="ledge", broker=w.broker, sequence=Sequence(1),
+        kick=lambda: None,
+    )  # fmt: skip
+    w.collector.register(BridgeSource([bridge]))
+    text = w.collector.metrics()
+    out = subprocess.run(
+        ["promtool", "check", "metrics"],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    # promtool prints lint problems and exits non-zero on any.
+    assert out.returncode == 0 and not out.stdout.strip(), out.stdout + out.stderr
+    for family in ("ledge_bridge_outbox_oldest_age_seconds", "process_cpu_seconds_total"):
+        assert f"# TYPE {family} " in text
