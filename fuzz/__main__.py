@@ -1,6 +1,6 @@
 """Coverage-guided fuzzing of the codec and the connection state machine (atheris).
 
-    python -m fuzz [--seconds N | --runs N] [--target codec|session|websocket|all]
+    python -m fuzz [--seconds N | --runs N] [--target codec|session|websocket|http|all]
 
 Each target runs under libFuzzer in its own process, with its corpus in
 ``fuzz/corpus/<target>/`` (kept between runs, so each run starts where the last one
@@ -36,6 +36,7 @@ def child(target: str, libfuzzer_args: list[str]) -> None:
         import gateway.broker.acl
         import gateway.broker.handle_login
         import gateway.broker.logins
+        import gateway.net.http
         import gateway.net.websocket  # noqa: F401
         from fuzz.targets import TARGETS
     function = TARGETS[target]
@@ -102,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         child(argv[1], argv[3:])
         return 0
     parser = argparse.ArgumentParser(prog="python -m fuzz", description=__doc__.split("\n")[0])
-    parser.add_argument("--target", choices=["codec", "session", "websocket", "all"], default="all")
+    parser.add_argument(
+        "--target", choices=["codec", "session", "websocket", "http", "all"], default="all"
+    )
     parser.add_argument("--seconds", type=int, help="per target (default 300)")
     parser.add_argument("--runs", type=int, help="inputs per target instead of a duration")
     parser.add_argument("--quiet", action="store_true")
@@ -111,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     seconds = args.seconds if args.seconds or args.runs else 300
-    targets = ["codec", "session", "websocket"] if args.target == "all" else [args.target]
+    targets = ["codec", "session", "websocket", "http"] if args.target == "all" else [args.target]
     total = 0
     crashed = []
     start = time.monotonic()

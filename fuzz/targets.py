@@ -15,6 +15,11 @@ pool is back.
 
 ``websocket``: the WebSocket upgrade answer and frame reader, fed whole and in chunks.
 
+``http``: one connection of the HTTP listener (h11 under our protocol) over a fake
+transport and loop: raw bytes and request pieces in chunks, time moving, a client that
+stops reading. Every answer is an HTTP/1.1 status line, buffers stay bounded, nothing
+is written after close, and an idle connection is closed.
+
 All are pure and deterministic (no clock, no sockets), so a crash reproduces from
 its input alone. ``fuzz/__main__.py`` runs them under atheris (coverage-guided);
 the test suite runs them with hypothesis and replays ``tests/vectors/fuzz/``.
@@ -22,6 +27,7 @@ the test suite runs them with hypothesis and replays ``tests/vectors/fuzz/``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Final
 
@@ -338,8 +344,175 @@ def fuzz_websocket(data: bytes) -> int:
     return len(expected)
 
 
+# ----------------------------------------------------------------------------- http
+
+#: Pieces of requests, so that the fuzzer gets past the request line often.
+HTTP_PIECES: Final = (
+    b"GET / HTTP/1.1\r\nHost: gw\r\n\r\n",
+    b"HEAD /metrics HTTP/1.1\r\nHost: gw\r\n\r\n",
+    b"GET /api/status?x=1 HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n",
+    b"GET /boom HTTP/1.0\r\n\r\n",
+    b"POST / HTTP/1.1\r\nHost: gw\r\nContent-Length: 3\r\n\r\nabc",
+    b"GET /../etc/passwd HTTP/1.1\r\nHost: gw\r\n",
+    b"Authorization: Bearer 0123456789abcdef\r\n",
+    b"Authorization: Bearer wrong-token-wrong\r\n",
+    b"Transfer-Encoding: chunked\r\n",
+    b"X-Filler: " + b"y" * 300 + b"\r\n",
+    b"\r\n",
+)
+HTTP_STATUSES: Final = frozenset({200, 400, 401, 404, 405, 408, 413, 429, 431, 500, 501, 505})
+
+
+class _Timer:
+    __slots__ = ("args", "callback", "cancelled", "when")
+
+    def __init__(self, when: float, callback: Callable[..., object], args: tuple[object, ...]):
+        self.when = when
+        self.callback = callback
+        self.args = args
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _Loop:
+    """The loop as the HTTP protocol sees it, with a clock the program moves."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.timers: list[_Timer] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def call_later(self, delay: float, callback: Callable[..., object], *args: object) -> _Timer:
+        timer = _Timer(self.now + delay, callback, args)
+        self.timers.append(timer)
+        return timer
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        due = [t for t in self.timers if t.when <= self.now and not t.cancelled]
+        self.timers = [t for t in self.timers if t.when > self.now and not t.cancelled]
+        for timer in due:
+            timer.callback(*timer.args)
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.out = bytearray()
+        self.closed = False
+        self.reading = True
+        self.eof = False
+
+    def write(self, data: bytes) -> None:
+        if self.closed or self.eof:
+            raise AssertionError("written after the connection was closed")
+        self.out += data
+
+    def write_eof(self) -> None:
+        self.eof = True
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+
+    abort = close
+
+    def is_closing(self) -> bool:
+        return self.closed or self.eof
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return ("127.0.0.1", 4711) if name == "peername" else default
+
+
+def fuzz_http(data: bytes) -> int:
+    """One HTTP connection (``gateway.net.http``) over a transport and loop that the
+    program drives: bytes and request pieces in chunks, time moving, the client not
+    reading. Invariants: nothing raises; every answer is an HTTP/1.1 status line with a
+    status the listener uses; h11 never buffers more than the header bound plus one
+    chunk; nothing is written after the connection is closed."""
+    from types import SimpleNamespace
+    from typing import cast
+
+    from gateway.net.http import Credentials, HTTPProtocol, HTTPServer, Response
+    from gateway.net.http_settings import HTTPSettings
+    from gateway.net.server import Server
+
+    r = Reader(data)
+    flags = r.byte()
+    settings = HTTPSettings(
+        enabled=True,
+        max_header_bytes=(1024, 8192)[flags & 1],
+        max_requests=1 + (flags >> 1 & 7),
+    )
+    loop = _Loop()
+    shell = cast(
+        Server, SimpleNamespace(loop=loop, broker=SimpleNamespace(settings=BrokerSettings()))
+    )
+
+    def handler(path: str) -> Response | None:
+        if path == "/boom":
+            raise RuntimeError("a handler bug")
+        return Response(200, b"fine\n") if path in ("/", "/metrics", "/api/status") else None
+
+    token = "0123456789abcdef" if flags & 0x10 else None
+    server = HTTPServer(shell, settings, handler, Credentials(None, token))
+    transport = _Transport()
+    proto = HTTPProtocol(server)
+    proto.connection_made(transport)  # type: ignore[arg-type]
+    largest = 0
+    while r.left:
+        op = r.byte() % 8
+        if op < 3:
+            chunk = r.take(1 + r.byte() % 64)
+        elif op < 6:
+            piece = HTTP_PIECES[r.byte() % len(HTTP_PIECES)]
+            chunk = piece[: r.byte() % (len(piece) + 1)] if op == 5 else piece
+        elif op == 6:
+            loop.advance((0.5, 3.0, 6.0, 11.0)[r.byte() % 4])
+            continue
+        else:
+            if r.byte() & 1:
+                proto.pause_writing()
+            else:
+                proto.resume_writing()
+            continue
+        if transport.closed or transport.eof or not transport.reading:
+            continue  # a real transport delivers nothing then
+        largest = max(largest, len(chunk))
+        proto.data_received(chunk)
+        buffered = len(proto.conn.trailing_data[0])
+        if buffered > settings.max_header_bytes + largest + 1:
+            raise AssertionError(f"h11 holds {buffered} bytes")
+    loop.advance(60.0)
+    out = bytes(transport.out)
+    statuses = [int(m) for m in re.findall(rb"HTTP/1\.1 (\d{3}) ", out)]
+    if out and not out.startswith(b"HTTP/1.1 "):
+        raise AssertionError(f"not an HTTP answer: {out[:40]!r}")
+    unexpected = set(statuses) - HTTP_STATUSES
+    if unexpected:
+        raise AssertionError(f"unexpected statuses {unexpected}")
+    if not (transport.closed or transport.eof):
+        raise AssertionError("a connection idle for a minute is still open")
+    return len(statuses)
+
+
 TARGETS: Final[dict[str, Callable[[bytes], int]]] = {
     "codec": fuzz_codec,
     "session": fuzz_session,
     "websocket": fuzz_websocket,
+    "http": fuzz_http,
 }

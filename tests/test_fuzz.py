@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fuzz.targets import TARGETS, fuzz_codec, fuzz_session, fuzz_websocket
+from fuzz.targets import TARGETS, fuzz_codec, fuzz_http, fuzz_session, fuzz_websocket
 
 REPO = Path(__file__).resolve().parents[1]
 VECTORS = sorted((REPO / "tests" / "vectors" / "fuzz").glob("*.bin"))
@@ -85,3 +85,37 @@ def test_short_coverage_guided_run(tmp_path: Path) -> None:
     assert "crashes: none" in out.stdout
     for target in TARGETS:
         assert f"fuzz {target}: 4,00" in out.stdout, out.stdout
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=1024))
+def test_http_target_holds_on_arbitrary_programs(data: bytes) -> None:
+    fuzz_http(data)
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.tuples(st.integers(3, 4), st.integers(0, 10), st.integers(0, 255)), max_size=40),
+    st.integers(0, 255),
+)
+def test_http_target_holds_on_request_pieces(ops: list[tuple[int, int, int]], flags: int) -> None:
+    fuzz_http(bytes([flags, *[b for op in ops for b in op]]))
+
+
+def test_http_target_can_fail() -> None:
+    """The invariants are live: a listener that forgets its header bound is caught."""
+    from gateway.net import http
+
+    original = http.HTTPProtocol.__init__
+
+    def unbounded(self: http.HTTPProtocol, server: http.HTTPServer) -> None:
+        original(self, server)
+        self.conn._max_incomplete_event_size = 10**9
+
+    http.HTTPProtocol.__init__ = unbounded  # type: ignore[method-assign]
+    try:
+        program = bytes([0]) + bytes([3, 9]) * 60  # filler headers, never a blank line
+        with pytest.raises(AssertionError, match="h11 holds"):
+            fuzz_http(program)
+    finally:
+        http.HTTPProtocol.__init__ = original  # type: ignore[method-assign]
