@@ -461,6 +461,16 @@ class HTTPProtocol(asyncio.Protocol):
 
     def _request(self, request: h11.Request) -> None:
         self.requests += 1
+        # h11 bounds only a head that arrives in pieces; one that arrives whole is
+        # measured here (request line and header lines, as sent).
+        size = len(request.method) + len(request.target) + 12
+        size += sum(len(name) + len(value) + 4 for name, value in request.headers)
+        if size > self.server.settings.max_header_bytes:
+            self._send_error(431)
+            return
+        if request.http_version not in (b"1.0", b"1.1"):
+            self._send_error(505)
+            return
         method = request.method
         if method not in (b"GET", b"HEAD"):
             self._send_error(405, (("allow", "GET, HEAD"),))

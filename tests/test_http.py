@@ -1,0 +1,451 @@
+"""The HTTP listener over real sockets against ``ledge run``: what it serves, every
+bound and its status code, hostile input that never disturbs MQTT clients, Basic
+authentication against a password file made by Debian's mosquitto_passwd, bearer
+tokens, HTTPS with the MQTT listeners' TLS settings, and no HTTP code in a gateway
+without ``[http]``."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import http.client
+import json
+import os
+import re
+import shutil
+import socket
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.support.certs import Certs, make_certs
+from tests.support.clients import Paho
+from tests.support.procs import LedgeProcess
+from tests.support.wait import wait_for
+
+HTTP_LIMITS = """
+[http]
+enabled = true
+port = 0
+request_timeout = 1.0
+keepalive_timeout = 1.0
+max_connections = 4
+max_requests = 3
+max_header_bytes = 2048
+"""
+
+
+def start(tmp_path: Path, http: str = HTTP_LIMITS, extra: str = "") -> LedgeProcess:
+    config = tmp_path / "ledge.toml"
+    config.write_text(f'[gateway]\nid = "gw1"\n{extra}\n{http}\n')
+    return LedgeProcess(config=config).start(listeners=2)
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[LedgeProcess]:
+    proc = start(tmp_path)
+    yield proc
+    assert proc.stop() == 0
+
+
+def http_port(proc: LedgeProcess) -> int:
+    return proc.ports[1]
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+    closed: bool
+
+
+class Client:
+    """A raw HTTP client: bytes out as given, responses read one at a time."""
+
+    def __init__(self, port: int, timeout: float = 5.0) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout)
+        self.file = self.sock.makefile("rb")
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.file.close()
+        self.sock.close()
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def answer(self, head: bool = False) -> Answer:
+        status_line = self.file.readline()
+        if not status_line:
+            raise AssertionError("closed before a response")
+        status = int(status_line.split(b" ")[1])
+        headers: dict[str, str] = {}
+        while (line := self.file.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.lower()] = value.strip()
+        length = 0 if head else int(headers.get("content-length", "0"))
+        body = self.file.read(length) if length else b""
+        closed = False
+        if headers.get("connection") == "close":
+            try:
+                closed = self.file.read(1) == b""
+            except OSError:
+                closed = True
+        return Answer(status, headers, body, closed)
+
+    def at_end(self) -> bool:
+        """The server closed the connection (nothing more to read)."""
+        try:
+            return self.file.read(1) == b""
+        except ConnectionResetError:
+            return True
+
+
+def exchange(port: int, request: bytes, timeout: float = 5.0) -> Answer:
+    """Send raw bytes, read one response (and whether the server then closed)."""
+    with Client(port, timeout) as client:
+        client.send(request)
+        return client.answer()
+
+
+def get(port: int, path: str, headers: dict[str, str] | None = None) -> Answer:
+    lines = [f"GET {path} HTTP/1.1", "Host: gw1", "Connection: close"]
+    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    return exchange(port, ("\r\n".join(lines) + "\r\n\r\n").encode())
+
+
+@dataclass
+class Canary:
+    """An MQTT 5.0 subscriber and a QoS 1 publisher running throughout a test: every
+    message must arrive, in order, and neither client may be disconnected."""
+
+    port: int
+    sent: int = 0
+    error: str = ""
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self.sub = Paho(self.port, "canary-sub").connect()
+        self.sub.subscribe("canary/#", qos=1)
+        self.pub = Paho(self.port, "canary-pub").connect()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        wait_for(lambda: self.sent >= 5 or self.error, 10, "the canary to fly")
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.pub.publish("canary/tick", str(self.sent).encode(), qos=1)
+            except (AssertionError, RuntimeError) as exc:  # reported by check()
+                self.error = str(exc)
+                return
+            self.sent += 1
+            self.stop.wait(0.02)
+
+    def check(self) -> None:
+        """Let a few more messages through, then stop and check them all."""
+        more = self.sent + 10
+        wait_for(lambda: self.sent >= more or self.error, 10, "the canary to keep flying")
+        self.stop.set()
+        self.thread.join(10)
+        assert not self.error, self.error
+        got = self.sub.wait_messages(self.sent, timeout=10)
+        assert [int(m.payload) for m in got] == list(range(self.sent))
+        assert not self.sub.disconnects and not self.pub.disconnects
+        self.sub.disconnect()
+        self.pub.disconnect()
+
+
+# ----------------------------------------------------------------------------- serving
+
+
+def test_metrics_status_and_page_are_served(gateway: LedgeProcess) -> None:
+    port = http_port(gateway)
+    metrics = get(port, "/metrics")
+    assert metrics.status == 200
+    assert metrics.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert b"# TYPE ledge_messages_received_total counter" in metrics.body
+    status = get(port, "/api/status")
+    assert status.headers["content-type"] == "application/json"
+    doc = json.loads(status.body)
+    assert doc["gateway"] == "gw1" and doc["listeners"][0]["type"] == "tcp"
+    page = get(port, "/")
+    assert page.status == 200 and page.body.startswith(b"<!doctype html>")
+    assert "script-src 'sha256-" in page.headers["content-security-policy"]
+    for answer in (metrics, status, page):
+        assert answer.headers["cache-control"] == "no-store"
+        assert answer.headers["x-content-type-options"] == "nosniff"
+
+
+def test_head_answers_like_get_without_a_body(gateway: LedgeProcess) -> None:
+    port = http_port(gateway)
+    with Client(port) as client:
+        client.send(b"HEAD /api/status HTTP/1.1\r\nHost: gw1\r\n\r\n")
+        head = client.answer(head=True)
+        client.send(b"GET /api/status HTTP/1.1\r\nHost: gw1\r\n\r\n")
+        body = client.answer()  # the same connection: HEAD sent no body to skip
+    assert head.status == 200 and head.body == b""
+    assert int(head.headers["content-length"]) > 100
+    assert body.status == 200 and json.loads(body.body)["gateway"] == "gw1"
+
+
+def test_keep_alive_is_bounded_in_requests_and_idle_time(gateway: LedgeProcess) -> None:
+    port = http_port(gateway)
+    with Client(port) as client:
+        answers = []
+        for _ in range(3):  # max_requests = 3
+            client.send(b"GET /metrics HTTP/1.1\r\nHost: gw1\r\n\r\n")
+            answers.append(client.answer())
+    assert [a.status for a in answers] == [200, 200, 200]
+    assert "connection" not in answers[0].headers
+    assert answers[-1].headers["connection"] == "close" and answers[-1].closed
+    # Pipelined: the same bound, answered in order, the rest never read.
+    with Client(port) as client:
+        client.send(b"GET /api/status HTTP/1.1\r\nHost: gw1\r\n\r\n" * 50)
+        statuses = [client.answer().status for _ in range(3)]
+        assert statuses == [200, 200, 200]
+        assert client.at_end()
+    # Idle: closed after keepalive_timeout (1 s) without a response.
+    with Client(port) as client:
+        client.send(b"GET / HTTP/1.1\r\nHost: gw1\r\n\r\n")
+        client.answer()
+        started = time.monotonic()
+        assert client.at_end()
+        assert 0.5 < time.monotonic() - started < 4
+
+
+# ----------------------------------------------------------------------------- hostile
+
+
+H = b"Host: gw1\r\n"
+HOSTILE = [
+    # (what, request, status)
+    ("oversized headers", b"GET / HTTP/1.1\r\n" + H + b"X-Big: " + b"a" * 4000 + b"\r\n\r\n", 431),
+    ("oversized request line", b"GET /" + b"a" * 4000 + b" HTTP/1.1\r\nHost: gw1\r\n\r\n", 431),
+    ("POST", b"POST /metrics HTTP/1.1\r\nHost: gw1\r\nContent-Length: 4\r\n\r\nabcd", 405),
+    ("DELETE", b"DELETE / HTTP/1.1\r\nHost: gw1\r\n\r\n", 405),
+    ("made-up method", b"BREW /pot HTTP/1.1\r\nHost: gw1\r\n\r\n", 405),
+    ("HTTP/2 preface", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 505),
+    ("TLS on the plain port", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 40, 400),
+    ("garbage", b"\x00\xff\r\n\r\n", 400),
+    ("no Host in HTTP/1.1", b"GET / HTTP/1.1\r\n\r\n", 400),
+    ("a body on GET", b"GET / HTTP/1.1\r\nHost: gw1\r\nContent-Length: 5\r\n\r\nhello", 413),
+    ("chunked GET", b"GET / HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+     413),
+    ("absolute form", b"GET http://evil.example/metrics HTTP/1.1\r\nHost: gw1\r\n\r\n", 400),
+    ("traversal", b"GET /../../etc/passwd HTTP/1.1\r\nHost: gw1\r\n\r\n", 404),
+    ("encoded traversal", b"GET /%2e%2e/%2e%2e/etc/passwd HTTP/1.1\r\nHost: gw1\r\n\r\n", 404),
+    ("traversal after a route", b"GET /metrics/../../etc/passwd HTTP/1.1\r\n" + H + b"\r\n", 404),
+    ("double slash", b"GET //etc/passwd HTTP/1.1\r\nHost: gw1\r\n\r\n", 404),
+    ("backslashes", b"GET /..\\..\\etc\\passwd HTTP/1.1\r\nHost: gw1\r\n\r\n", 404),
+    ("NUL in the path", b"GET /metrics\x00.txt HTTP/1.1\r\nHost: gw1\r\n\r\n", 400),
+    ("bad version", b"GET / HTTP/9.9\r\nHost: gw1\r\n\r\n", 505),
+]  # fmt: skip
+
+
+def test_hostile_requests_get_their_status_and_mqtt_clients_never_notice(
+    gateway: LedgeProcess,
+) -> None:
+    port = http_port(gateway)
+    canary = Canary(gateway.port)
+    for what, request, status in HOSTILE:
+        answer = exchange(port, request)
+        assert answer.status == status, f"{what}: {answer.status}"
+        assert b"root:" not in answer.body, what
+        if status == 405:
+            assert answer.headers["allow"] == "GET, HEAD", what
+        if status in (400, 405, 413, 431, 505):
+            assert answer.closed, f"{what}: the connection must be closed"
+    assert get(port, "/metrics").status == 200  # still serving
+    canary.check()
+
+
+def test_slowloris_gets_408_at_the_request_timeout(gateway: LedgeProcess) -> None:
+    port = http_port(gateway)
+    canary = Canary(gateway.port)
+    with socket.create_connection(("127.0.0.1", port), 5) as sock:
+        started = time.monotonic()
+        sock.sendall(b"GET / HTTP/1.1\r\n")
+        answer = None
+        for byte in b"Host: gw1\r\nX-Slow: " + b"s" * 100:
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:
+                break
+            sock.settimeout(0.15)
+            try:
+                data = sock.recv(65536)
+            except TimeoutError:
+                continue
+            answer = data
+            break
+        elapsed = time.monotonic() - started
+    assert answer is not None and answer.startswith(b"HTTP/1.1 408 "), answer
+    assert 0.9 < elapsed < 3, elapsed  # request_timeout = 1 s from the first byte
+    canary.check()
+
+
+def test_a_connection_flood_gets_503_past_the_cap(tmp_path: Path) -> None:
+    proc = start(tmp_path, HTTP_LIMITS.replace("request_timeout = 1.0", "request_timeout = 30.0"))
+    port = http_port(proc)
+    canary = Canary(proc.port)
+    held = [socket.create_connection(("127.0.0.1", port), 5) for _ in range(4)]
+    try:
+        # Started requests keep their slots (their heads are not complete yet); the
+        # listener accepts in order, so these four are in before the next ones.
+        for sock in held:
+            sock.sendall(b"GET / HTTP/1.1\r\n")
+        refused = [exchange(port, b"GET / HTTP/1.1\r\nHost: gw1\r\n\r\n") for _ in range(3)]
+        assert [a.status for a in refused] == [503, 503, 503]
+        assert refused[0].headers["retry-after"] == "1" and refused[0].closed
+    finally:
+        for sock in held:
+            sock.close()
+    wait_for(lambda: get(port, "/").status == 200, 5, "a free slot again")
+    text = get(port, "/metrics").body
+    assert b"ledge_http_connections_refused_total 3" in text
+    assert b'ledge_http_responses_total{code="503"} 3' in text
+    canary.check()
+    assert proc.stop() == 0
+
+
+# ----------------------------------------------------------------------------- auth
+
+
+def basic(user: str, password: str) -> dict[str, str]:
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return {"Authorization": f"Basic {token}"}
+
+
+@pytest.mark.skipif(shutil.which("mosquitto_passwd") is None, reason="mosquitto_passwd")
+def test_basic_auth_against_a_mosquitto_password_file_and_a_bearer_token(
+    tmp_path: Path,
+) -> None:
+    passwd = tmp_path / "http-passwd"
+    subprocess.run(
+        ["mosquitto_passwd", "-c", "-b", str(passwd), "prometheus", "s3cret-scrape"],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+    passwd.chmod(0o600)
+    token_file = tmp_path / "token"
+    token_file.write_text("tok-0123456789abcdef\n")
+    token_file.chmod(0o600)
+    proc = start(
+        tmp_path,
+        HTTP_LIMITS.replace("max_requests = 3", "max_requests = 100")
+        + f'password_file = "{passwd}"\ntoken_file = "{token_file}"\n',
+        extra="[auth]\nfailed_login_delay = 2.0\nfailed_login_delay_max = 2.0\n",
+    )
+    try:
+        port = http_port(proc)
+        anonymous = get(port, "/metrics")
+        assert anonymous.status == 401
+        challenge = anonymous.headers["www-authenticate"]
+        assert 'Basic realm="ledge"' in challenge and 'Bearer realm="ledge"' in challenge
+        assert b"ledge_" not in anonymous.body
+        assert get(port, "/", basic("prometheus", "s3cret-scrape")).status == 200
+        assert get(port, "/metrics", basic("prometheus", "s3cret-scrape")).status == 200
+        assert get(port, "/metrics", {"Authorization": "Bearer tok-0123456789abcdef"}).status == 200
+        wrong = get(port, "/metrics", basic("prometheus", "guess"))
+        assert wrong.status == 401
+        # The address now waits out its delay: no password check, 429 and when to retry.
+        throttled = get(port, "/metrics", basic("prometheus", "s3cret-scrape"))
+        assert throttled.status == 429 and throttled.headers["retry-after"] in ("1", "2")
+        wait_for(
+            lambda: get(port, "/api/status", basic("prometheus", "s3cret-scrape")).status == 200,
+            5,
+            "the delay to pass",
+        )
+        assert get(port, "/metrics", {"Authorization": "Bearer wrong-token-xxxxxx"}).status == 401
+        assert "s3cret" not in proc.log and "tok-0123" not in proc.log
+    finally:
+        assert proc.stop() == 0
+
+
+def test_an_open_listener_on_the_lan_is_warned_about(tmp_path: Path) -> None:
+    proc = start(tmp_path, HTTP_LIMITS.replace("port = 0", 'port = 0\nhost = "0.0.0.0"'))
+    try:
+        proc.wait_log(r"serves metrics and status without authentication")
+    finally:
+        proc.stop()
+
+
+# ----------------------------------------------------------------------------- https
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+def test_https_with_the_listeners_tls_settings(tmp_path: Path, certs: Certs) -> None:
+    proc = start(
+        tmp_path,
+        HTTP_LIMITS
+        + f'certfile = "{certs.server_cert}"\nkeyfile = "{certs.server_key}"\n'
+        + f'cafile = "{certs.ca}"\nrequire_certificate = true\ntls_version = "tlsv1.3"\n',
+    )
+    try:
+        port = http_port(proc)
+        context = ssl.create_default_context(cafile=str(certs.ca))
+        context.load_cert_chain(str(certs.client_cert), str(certs.client_key))
+        conn = http.client.HTTPSConnection("localhost", port, context=context, timeout=5)
+        conn.request("GET", "/metrics")
+        response = conn.getresponse()
+        assert response.status == 200
+        assert b"ledge_http_connections 1" in response.read()
+        assert conn.sock is not None and conn.sock.version() == "TLSv1.3"
+        conn.close()
+        # Without a client certificate the handshake fails: nothing is served.
+        bare = ssl.create_default_context(cafile=str(certs.ca))
+        c = http.client.HTTPSConnection("localhost", port, context=bare, timeout=5)
+        try:
+            with pytest.raises((ssl.SSLError, ConnectionResetError, OSError)):
+                c.request("GET", "/metrics")
+                c.getresponse().read()
+        finally:
+            c.close()
+        # Plain HTTP to the HTTPS port gets no answer but a closed connection.
+        with socket.create_connection(("127.0.0.1", port), 5) as sock:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: gw1\r\n\r\n")
+            sock.settimeout(5)
+            with contextlib.suppress(ConnectionResetError):
+                assert not sock.recv(100).startswith(b"HTTP/")
+    finally:
+        assert proc.stop() == 0
+
+
+# ----------------------------------------------------------------------------- cost
+
+
+def test_a_gateway_without_http_never_loads_its_code(tmp_path: Path) -> None:
+    """Every import is logged (PYTHONPROFILEIMPORTTIME, kept by the exec'd gateway): neither
+    h11 nor the HTTP listener nor the metrics package may appear, even after a client
+    has been served."""
+    env_proc = LedgeProcess()
+    os.environ["PYTHONPROFILEIMPORTTIME"] = "1"
+    try:
+        env_proc.start()
+    finally:
+        del os.environ["PYTHONPROFILEIMPORTTIME"]
+    try:
+        Paho(env_proc.port, "someone").connect().disconnect()
+        assert "gateway.net.server" in env_proc.log  # imports are being logged
+        for module in ("h11", "gateway.net.http", "gateway.metrics"):
+            assert not re.search(rf"\| +{re.escape(module)}(\.|$)", env_proc.log, re.M), module
+    finally:
+        assert env_proc.stop() == 0
