@@ -128,7 +128,7 @@ _SCRIPT: Final = f"const POLL={POLL_SECONDS * 1000};{JS}"
 #: Only the inline script and style of this page, and requests to this origin.
 CONTENT_SECURITY_POLICY: Final = (
     f"default-src 'none'; script-src {_csp_hash(_SCRIPT)}; style-src {_csp_hash(CSS)}; "
-    "connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; "
+    "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; "
     "frame-ancestors 'none'"
 )
 
@@ -312,6 +312,7 @@ def render(d: dict[str, Any]) -> str:
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
+        '<link rel="icon" href="data:,">'  # no favicon request
         f"<title>Ledge {esc(d['gateway'])}</title><style>{CSS}</style></head><body>"
         f'<header><h1>Ledge {esc(d["gateway"])}</h1><p id="meta">{render_meta(d)}</p></header>'
         f"<main>{body}</main><script>{_SCRIPT}</script></body></html>"

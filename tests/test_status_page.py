@@ -1,0 +1,161 @@
+"""The status page in a real headless browser (Debian's chromium through
+chromium-driver and selenium) against ``ledge run`` with MQTT clients, a pty serial
+sensor and a bridge to Debian's Mosquitto: the page is readable with JavaScript off,
+and with it on it follows what the test changes (a new client, a new reading, the
+uplink going down). A screenshot is kept in tests/output/."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.clients import Paho
+from tests.support.procs import REPO, LedgeProcess, MosquittoProcess
+from tests.test_serial import FakeDevice
+
+pytest.importorskip("selenium")
+from selenium.webdriver import Chrome
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+OUTPUT = REPO / "tests" / "output"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
+        reason="Debian's chromium and chromium-driver",
+    ),
+    pytest.mark.skipif(not MosquittoProcess.available(), reason="Debian's mosquitto"),
+]
+
+
+def browser(profile: Path, javascript: bool = True) -> Chrome:
+    options = Options()
+    options.binary_location = CHROMIUM
+    # Without these, Chromium reaches for the network at start and stalls on a closed one.
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,1100",
+        f"--user-data-dir={profile}",
+    ):
+        options.add_argument(flag)
+    if not javascript:
+        options.add_experimental_option(
+            "prefs", {"profile.managed_default_content_settings.javascript": 2}
+        )
+    driver = Chrome(options=options, service=Service(CHROMEDRIVER))
+    driver.set_page_load_timeout(30)
+    return driver
+
+
+@pytest.fixture
+def device(tmp_path: Path) -> Iterator[FakeDevice]:
+    d = FakeDevice(tmp_path / "serial-by-id-usb-env")
+    yield d
+    d.close()
+
+
+def text(driver: WebDriver, css: str) -> str:
+    """The text of the first element matching ``css`` now, read in one step (the page
+    replaces its sections while it runs)."""
+    script = "const e = document.querySelector(arguments[0]); return e ? e.textContent : ''"
+    return str(driver.execute_script(script, css)).strip()
+
+
+def test_the_status_page_follows_clients_sensors_and_the_bridge(
+    tmp_path: Path, device: FakeDevice
+) -> None:
+    cloud = MosquittoProcess(tmp_path).start()
+    config = tmp_path / "ledge.toml"
+    config.write_text(
+        f"""
+[gateway]
+id = "gw1"
+[http]
+enabled = true
+port = 0
+[[serial]]
+name = "env"
+path = "{device.link}"
+protocol = "kv"
+fields = {{ temp = {{ quantity = "temperature", unit = "°C" }} }}
+[[bridges]]
+name = "cloud"
+address = "127.0.0.1:{cloud.port}"
+reconnect_min = 0.05
+reconnect_max = 0.5
+[[bridges.rules]]
+filter = "ledge/#"
+"""
+    )
+    ledge = LedgeProcess(config=config).start(listeners=2)
+    clients = [
+        Paho(ledge.port, "page-v5").connect(),
+        Paho(ledge.port, "page-v3", version=4).connect(),
+    ]
+    driver: Chrome | None = None
+    try:
+        ledge.wait_log("env: connected at")
+        device.send(b"temp=21.5\n")
+        url = f"http://127.0.0.1:{ledge.ports[1]}/"
+
+        # JavaScript off: everything is on the page as served.
+        static = browser(tmp_path / "profile-static", javascript=False)
+        try:
+            static.get(url)
+            assert text(static, '[data-listener="listener 0"] td:nth-child(4)') == "1"
+            assert text(static, '[data-listener="listener 0"] td:nth-child(5)') == "1"
+            assert text(static, '[data-device="env"] [data-quantity="temperature"] b') == "21.5"
+            assert text(static, '[data-bridge="cloud"] .state') == "connected"
+            assert static.find_element(By.TAG_NAME, "body").get_attribute("data-live") is None
+        finally:
+            static.quit()
+
+        driver = browser(tmp_path / "profile-live")
+        driver.get(url)
+        wait = WebDriverWait(driver, 20, poll_frequency=0.2)
+        wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-live"))
+        # Changes after the page loaded reach it through /api/status.
+        clients.append(Paho(ledge.port, "page-late").connect())
+        device.send(b"temp=23.25\n")
+        cloud.stop()
+        wait.until(lambda d: text(d, '[data-listener="listener 0"] td:nth-child(5)') == "2")
+        wait.until(
+            lambda d: text(d, '[data-device="env"] [data-quantity="temperature"] b') == "23.25"
+        )
+        wait.until(
+            lambda d: text(d, '[data-bridge="cloud"] .state') in ("disconnected", "connecting")
+        )
+        wait.until(lambda d: "bridge cloud" in text(d, "#warnings"))
+        assert "°C" in text(driver, '[data-device="env"] [data-quantity="temperature"]')
+        assert text(driver, '[data-device="env"] td:nth-child(3)') == "connected"
+        assert driver.title == "Ledge gw1"
+        # No script error reached the console (the page's own code ran clean).
+        errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        assert not errors, errors
+        OUTPUT.mkdir(exist_ok=True)
+        driver.save_screenshot(str(OUTPUT / "status-page.png"))
+    finally:
+        if driver is not None:
+            driver.quit()
+        for client in clients:
+            client.disconnect()
+        cloud.stop()
+        assert ledge.stop() == 0
