@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gateway import __version__, bridgectl
+from gateway import __version__, bridgectl, statusctl
 from gateway.config import Config, Overrides, load_config, parse_listen
 from gateway.runtime import RUNTIME_ENV, ConfigError, build_authenticator, file_warnings
 
@@ -73,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Used by a running gateway on SIGHUP: print the validated config as JSON.
     check.add_argument("--print-runtime", action="store_true", help=argparse.SUPPRESS)
     bridgectl.add_parser(commands)
+    statusctl.add_parser(commands)
 
     from gateway import passwd
 
@@ -96,6 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     if args.command == "bridge":
         return bridgectl.main(args)
+    if args.command == "status":
+        return statusctl.main(args)
     if args.command == "passwd":
         from gateway import passwd
 

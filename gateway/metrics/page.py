@@ -317,3 +317,69 @@ def render(d: dict[str, Any]) -> str:
         f'<header><h1>Ledge {esc(d["gateway"])}</h1><p id="meta">{render_meta(d)}</p></header>'
         f"<main>{body}</main><script>{_SCRIPT}</script></body></html>"
     )
+
+
+# ----------------------------------------------------------------------------- terminal
+
+
+def render_text(d: dict[str, Any]) -> str:
+    """The same summary for a terminal (``ledge status``)."""
+    m, c = d["messages"], d["clients"]
+    lines = [
+        f"gateway {d['gateway']} (ledge {d['version']}), up {duration(d['uptime_seconds'])}",
+        f"  clients        {num(c['connected'])} connected (peak {num(c['maximum'])}), "
+        f"{num(c['sessions'])} sessions, {num(c['slow'])} slow",
+        f"  messages       {num(m['received_per_second'])}/s in, {num(m['sent_per_second'])}/s "
+        f"out ({num(m['received'])} in, {num(m['sent'])} out since start)",
+        f"  subscriptions  {num(d['subscriptions'])}, retained messages {num(d['retained'])}",
+        f"  memory         {size(d['process']['rss_bytes'])}",
+    ]
+    if d["store"] is not None:
+        st = d["store"]
+        lines.append(
+            f"  store          {size(st['size_bytes'])}, {size(st['free_disk_bytes'])} free"
+            + (" (FULL)" if st["full"] else "")
+        )
+    lines.append("listeners")
+    for lst in d["listeners"]:
+        counts = ", ".join(f"{v} on {k}" for k, v in sorted(lst["clients"].items()) if v)
+        counts = f"clients: {counts}" if counts else "no clients"
+        lines.append(f"  {lst['name']:<14} {lst['type']:<13} {lst['address']:<22} {counts}")
+    if d["bridges"]:
+        lines.append("bridges")
+        for b in d["bridges"]:
+            lines.append(
+                f"  {b['name']:<14} {b['state']:<13} {b['address']:<22} outbox "
+                f"{num(b['outbox_messages'])} ({size(b['outbox_bytes'])}), oldest "
+                f"{duration(b['oldest_age_seconds'])}, sent {num(b['sent'])}, acknowledged "
+                f"{num(b['acknowledged'])}, dropped {num(b['dropped'])}"
+                + (f", last error: {b['last_error']}" if b["last_error"] else "")
+            )
+    if d["devices"]:
+        lines.append("sensors")
+        for s in d["devices"]:
+            seen = (
+                "never" if s["last_seen"] is None else f"{duration(d['time'] - s['last_seen'])} ago"
+            )
+            values = ", ".join(
+                f"{v['quantity']} {_plain(v['value'])}{' ' + v['unit'] if v['unit'] else ''}"
+                for v in s["values"]
+            )
+            state = "connected" if s["online"] else "disconnected"
+            lines.append(f"  {s['name']:<14} {s['driver']:<8} {state:<13} seen {seen:<12} {values}")
+        if d["devices_not_shown"]:
+            lines.append(f"  and {d['devices_not_shown']} more")
+    drops = {k: v for k, v in sorted(d["drops"].items()) if v}
+    if drops:
+        lines.append("drops")
+        lines.extend(f"  {k:<40} {num(v)}" for k, v in drops.items())
+    if d["warnings"]:
+        lines.append("warnings")
+        lines.extend(f"  ! {w}" for w in d["warnings"])
+    return "\n".join(lines) + "\n"
+
+
+def _plain(value: object) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    return num(value) if isinstance(value, int | float) else str(value)
