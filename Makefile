@@ -3,7 +3,7 @@ ITERATIONS ?= 200
 ROWS ?= 1000000
 FUZZ_SECONDS ?= 600
 
-.PHONY: run test bench bench-quick bench-serial bench-bridge crash-test pipeline-bench fuzz
+.PHONY: run test bench bench-quick bench-serial bench-bridge bench-metrics crash-test pipeline-bench fuzz
 
 run:            ## start the gateway on the embedded default config
 	scripts/run
@@ -28,6 +28,10 @@ bench-serial:   ## sustained line rate of one serial device (a pty) into Ledge, 
 bench-bridge:   ## the bridge's outbox during an outage and its replay to Mosquitto (100,000 messages)
 	scripts/setup --test
 	.venv/bin/python -m bench.bridge
+
+bench-metrics:  ## gateway time per /metrics, /api/status and / scrape at 1,000 clients and 10,000 subscriptions
+	scripts/setup --test
+	.venv/bin/python -m bench.metrics
 
 pipeline-bench: ## pipeline silver and gold rows/s over 1M generated rows on local[2], DuckDB beside it
 	scripts/setup --test
