@@ -13,6 +13,7 @@ import pytest
 
 from tests.support.clients import Paho
 from tests.support.procs import LedgeProcess, MosquittoProcess
+from tests.support.prometheus import cloud_bridge
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.skipif(not MosquittoProcess.available(), reason="Debian's mosquitto")
@@ -56,14 +57,7 @@ id = "gw1"
 health_interval = 1
 [homeassistant]
 enabled = true
-[[bridges]]
-name = "cloud"
-address = "127.0.0.1:{cloud.port}"
-reconnect_min = 0.05
-reconnect_max = 0.5
-[[bridges.rules]]
-filter = "up/#"
-"""
+{cloud_bridge(cloud.port, "up/#")}"""
     )
     proc = LedgeProcess(config=config).start()
     ha = Paho(proc.port, "homeassistant").connect()

@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.clients import Paho
 from tests.support.procs import LedgeProcess, MosquittoProcess
-from tests.support.prometheus import PrometheusProcess
+from tests.support.prometheus import PrometheusProcess, cloud_bridge
 from tests.support.wait import wait_for
 
 pytestmark = [
@@ -43,14 +43,7 @@ max_queued_messages = 1
 [http]
 enabled = true
 port = 0
-[[bridges]]
-name = "cloud"
-address = "127.0.0.1:{cloud.port}"
-reconnect_min = 0.05
-reconnect_max = 0.5
-[[bridges.rules]]
-filter = "out/#"
-qos = 1
+{cloud_bridge(cloud.port, "out/#")}qos = 1
 """
     )
     ledge = LedgeProcess(config=config).start(listeners=2)

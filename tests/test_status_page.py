@@ -14,6 +14,7 @@ import pytest
 
 from tests.support.clients import Paho
 from tests.support.procs import REPO, LedgeProcess, MosquittoProcess
+from tests.support.prometheus import cloud_bridge
 from tests.test_serial import FakeDevice
 
 pytest.importorskip("selenium")
@@ -96,14 +97,7 @@ name = "env"
 path = "{device.link}"
 protocol = "kv"
 fields = {{ temp = {{ quantity = "temperature", unit = "°C" }} }}
-[[bridges]]
-name = "cloud"
-address = "127.0.0.1:{cloud.port}"
-reconnect_min = 0.05
-reconnect_max = 0.5
-[[bridges.rules]]
-filter = "ledge/#"
-"""
+{cloud_bridge(cloud.port, "ledge/#")}"""
     )
     ledge = LedgeProcess(config=config).start(listeners=2)
     clients = [

@@ -14,6 +14,30 @@ from tests.support.procs import free_port, port_open
 from tests.support.wait import wait_for
 
 
+def promtool_problems(text: str) -> str:
+    """What ``promtool check metrics`` says about an exposition ("" when it is clean:
+    it exits non-zero and prints a line per problem, lint included)."""
+    out = subprocess.run(
+        ["promtool", "check", "metrics"],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    return "" if out.returncode == 0 and not out.stdout.strip() else out.stdout + out.stderr
+
+
+def cloud_bridge(port: int, topic_filter: str) -> str:
+    """A ``[[bridges]]`` table named "cloud" towards a Mosquitto on ``port``, quick to
+    reconnect, with one outbound rule."""
+    return (
+        f'[[bridges]]\nname = "cloud"\naddress = "127.0.0.1:{port}"\n'
+        "reconnect_min = 0.05\nreconnect_max = 0.5\n"
+        f'[[bridges.rules]]\nfilter = "{topic_filter}"\n'
+    )
+
+
 class PrometheusProcess:
     def __init__(self, workdir: Path, targets: list[str], extra_scrape: str = "") -> None:
         self.workdir = workdir
