@@ -13,6 +13,7 @@ import pytest
 from gateway.bridge.link import Bridge
 from gateway.bridge.sequence import Sequence
 from gateway.bridge.settings import BridgeSettings, RuleSettings
+from gateway.broker.auth import ListenerPolicy, PasswordAuthenticator
 from gateway.metrics.collect import (
     HISTORY,
     BridgeSource,
@@ -30,7 +31,7 @@ from gateway.metrics.view import (
     counter,
     gauge,
 )
-from gateway.mqtt import MQTT_5, MQTT_311, Disconnect, Properties, Publish
+from gateway.mqtt import MQTT_5, MQTT_311, Connect, Disconnect, Properties, Publish
 from gateway.runtime import SensorSettings, SerialSettings
 from gateway.sensors import SensorHub
 from gateway.taps import TapPlane
@@ -128,6 +129,11 @@ def busy_world() -> tuple[World, list[FakeClient]]:
     sub.send(Disconnect())
     for _ in range(3):  # offline with a queue of 2: one dropped as queue full
         pub.publish("a/c", b"y", qos=1)
+    for _ in range(2):  # refused: $SYS is the broker's
+        pub.send(Publish("$SYS/x", b"x", 1, False, False, pub.pid(), Properties()))
+    w.broker.policies["capped"] = ListenerPolicy(PasswordAuthenticator(), None, 1)
+    h.client(MQTT_5, listener="capped").connect("first")
+    h.client(MQTT_5, listener="capped").send(Connect("second", MQTT_5))  # refused: limit
     bad = h.client(MQTT_5)
     bad.connect("bad")
     bad.send(Publish("a/#", b"x", 0, False, False, 0, Properties()))  # 0x90: a protocol error
@@ -153,6 +159,8 @@ def test_every_sys_value_has_its_metric_with_the_same_value() -> None:
     assert checked == len(SYS_METRICS)
     assert v.get("ledge_messages_dropped_total", reason="queue_full") == 1
     assert v.get("ledge_protocol_errors_total") == 1
+    assert v.get("ledge_messages_denied_total") == 2
+    assert v.get("ledge_connections_refused_total") == 1
     assert v.get("ledge_retained_messages") == 3
 
 
@@ -171,11 +179,11 @@ def test_the_serial_counts_match_their_sys_values() -> None:
 def test_clients_are_labelled_by_listener_and_version_only() -> None:
     w, _clients = busy_world()
     clients = {
-        dict(s.labels)["protocol"]: s.value
+        (dict(s.labels)["listener"], dict(s.labels)["protocol"]): s.value
         for s in w.collector.samples()
         if s.name == "ledge_clients_connected"
     }
-    assert clients == {"3.1.1": 1, "5.0": 1}
+    assert clients == {("test", "3.1.1"): 1, ("test", "5.0"): 1, ("capped", "5.0"): 1}
     for sample in w.collector.samples():
         labels = dict(sample.labels)
         assert set(labels) <= {"listener", "protocol", "reason", "state", "driver", "version"}
@@ -185,7 +193,7 @@ def test_clients_are_labelled_by_listener_and_version_only() -> None:
 def test_sessions_are_counted_by_state() -> None:
     w, _clients = busy_world()
     v = w.values()
-    assert v.get("ledge_sessions", state="connected") == 2
+    assert v.get("ledge_sessions", state="connected") == 3
     assert v.get("ledge_sessions", state="offline") == 1
     assert v.get("ledge_sessions", state="in_process") == 2  # sensors and taps
 
