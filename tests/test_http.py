@@ -299,26 +299,28 @@ def test_slowloris_gets_408_at_the_request_timeout(gateway: LedgeProcess) -> Non
 
 def test_a_connection_flood_gets_503_past_the_cap(tmp_path: Path) -> None:
     proc = start(tmp_path, HTTP_LIMITS.replace("request_timeout = 1.0", "request_timeout = 30.0"))
-    port = http_port(proc)
-    canary = Canary(proc.port)
-    held = [socket.create_connection(("127.0.0.1", port), 5) for _ in range(4)]
     try:
-        # Started requests keep their slots (their heads are not complete yet); the
-        # listener accepts in order, so these four are in before the next ones.
-        for sock in held:
-            sock.sendall(b"GET / HTTP/1.1\r\n")
-        refused = [exchange(port, b"GET / HTTP/1.1\r\nHost: gw1\r\n\r\n") for _ in range(3)]
-        assert [a.status for a in refused] == [503, 503, 503]
-        assert refused[0].headers["retry-after"] == "1" and refused[0].closed
+        port = http_port(proc)
+        canary = Canary(proc.port)
+        held = [socket.create_connection(("127.0.0.1", port), 5) for _ in range(4)]
+        try:
+            # Started requests keep their slots (their heads are not complete yet); the
+            # listener accepts in order, so these four are in before the next ones.
+            for sock in held:
+                sock.sendall(b"GET / HTTP/1.1\r\n")
+            refused = [exchange(port, b"GET / HTTP/1.1\r\nHost: gw1\r\n\r\n") for _ in range(3)]
+            assert [a.status for a in refused] == [503, 503, 503]
+            assert refused[0].headers["retry-after"] == "1" and refused[0].closed
+        finally:
+            for sock in held:
+                sock.close()
+        wait_for(lambda: get(port, "/").status == 200, 5, "a free slot again")
+        text = get(port, "/metrics").body
+        assert b"ledge_http_connections_refused_total 3" in text
+        assert b'ledge_http_responses_total{code="503"} 3' in text
+        canary.check()
     finally:
-        for sock in held:
-            sock.close()
-    wait_for(lambda: get(port, "/").status == 200, 5, "a free slot again")
-    text = get(port, "/metrics").body
-    assert b"ledge_http_connections_refused_total 3" in text
-    assert b'ledge_http_responses_total{code="503"} 3' in text
-    canary.check()
-    assert proc.stop() == 0
+        assert proc.stop() == 0
 
 
 # ----------------------------------------------------------------------------- auth
