@@ -63,12 +63,12 @@ from gateway.broker.message import Message
 from gateway.mqtt.properties import (
     EMPTY,
     Properties,
-    PropertyId,
     Where,
     decode_properties,
     encode_properties,
+    property_block,
+    user_property,
 )
-from gateway.mqtt.wire import encode_string, encode_varint
 
 if TYPE_CHECKING:
     from gateway.store.sqlite import Store
@@ -187,12 +187,8 @@ class Bridge:
         self._kick_scheduled = False
         self._done_ops: list[tuple[Any, ...]] = []
         self._done_timer: asyncio.TimerHandle | None = None
-        #: The marks, encoded, up to the sequence number's text.
-        self._mark_prefix = (
-            _user_property(GATEWAY_PROPERTY, gateway)
-            + bytes([PropertyId.USER_PROPERTY])
-            + encode_string(SEQUENCE_PROPERTY)
-        )
+        #: The first mark (this gateway's id), encoded.
+        self._mark_prefix = user_property(GATEWAY_PROPERTY, gateway)
         self._mqtt_log = logging.getLogger(f"ledge.bridge.{settings.name}")
         self._repeats = _Repeats()
         self._mqtt_log.addFilter(self._repeats)
@@ -522,8 +518,10 @@ class Bridge:
         """The MQTT 5 properties to send ``entry`` with: what its publisher gave (user
         properties, content type...), the remaining expiry, and the upstream marks."""
         if not entry.properties and entry.expires is None:  # the common case, by hand
-            marks = self._mark_prefix + encode_string(str(entry.seq)) if add_mark else b""
-            return _Packed(encode_varint(len(marks)) + marks)
+            if not add_mark:
+                return _Packed(property_block(b""))
+            seq = user_property(SEQUENCE_PROPERTY, str(entry.seq))
+            return _Packed(property_block(self._mark_prefix + seq))
         props = EMPTY
         if entry.properties:
             props, _ = decode_properties(entry.properties, 0, len(entry.properties), Where.PUBLISH)
@@ -734,10 +732,6 @@ class _Packed:
     def __repr__(self) -> str:
         props, _ = decode_properties(self.data, 0, len(self.data), Where.PUBLISH)
         return repr(props)
-
-
-def _user_property(key: str, value: str) -> bytes:
-    return bytes([PropertyId.USER_PROPERTY]) + encode_string(key) + encode_string(value)
 
 
 def _our_properties(paho_props: Any) -> Properties:

@@ -23,7 +23,7 @@ from gateway.broker import handle_connect, handle_publish, handle_subscribe
 from gateway.broker.auth import Authenticator, ListenerPolicy, PasswordAuthenticator
 from gateway.broker.connection import Connection, State
 from gateway.broker.journal import Journal, Op
-from gateway.broker.message import Message, packet_size
+from gateway.broker.message import Message
 from gateway.broker.retained import RetainedStore
 from gateway.broker.router import SubscriptionIndex
 from gateway.broker.session import AWAIT_ACK, AWAIT_COMP, Outgoing, Session
@@ -32,6 +32,7 @@ from gateway.broker.stats import LoadAverage, Stats
 from gateway.broker.timers import Timers
 from gateway.mqtt.codec import decode, encode
 from gateway.mqtt.errors import BadProtocolName, MQTTError, UnsupportedProtocolVersion
+from gateway.mqtt.fastpath import encode_packet_id, template_size
 from gateway.mqtt.framer import NeedData
 from gateway.mqtt.packets import (
     MQTT_5,
@@ -52,7 +53,7 @@ from gateway.mqtt.packets import (
     Will,
 )
 from gateway.mqtt.properties import EMPTY, Properties
-from gateway.mqtt.reason_codes import ReasonCode, connack_311, describe
+from gateway.mqtt.reason_codes import ConnackCode311, ReasonCode, connack_311, describe
 
 if TYPE_CHECKING:
     # Imported when an ACL or a password file is configured, not before: a broker
@@ -441,7 +442,9 @@ class Broker:
             pass  # MQTT-3.1.2-1: close without CONNACK
         elif isinstance(exc, UnsupportedProtocolVersion):
             # MQTT-3.1.2-2: CONNACK 0x01 in the 3.1.1 format, which every version reads.
-            self.send_bytes(conn, b"\x20\x02\x00\x01")
+            self.send_bytes(
+                conn, encode(ConnAck(False, ConnackCode311.UNACCEPTABLE_PROTOCOL_VERSION), MQTT_311)
+            )
         elif exc.protocol_version == MQTT_5:
             conn.version = MQTT_5
             self.send(conn, ConnAck(False, exc.reason_code, Properties(reason_string=exc.message)))
@@ -625,7 +628,7 @@ class Broker:
         name, topic_filter = entry.share
         groups = self.index.shared.get(topic_filter)
         group = groups.get(name) if groups else None
-        picked = group.pick(None, entry.message.topic) if group is not None else None
+        picked = group.pick(entry.message.topic) if group is not None else None
         if picked is None:
             self.stats.dropped_queue_full += 1
             log.warning(
@@ -850,7 +853,7 @@ class Broker:
             self.deliver(session, msg, qos, retain, sub_ids, None, now)
             count += 1
         for group in route.shared:
-            picked = group.pick(None, msg.topic)
+            picked = group.pick(msg.topic)
             if picked is None:
                 continue
             session, sub = picked
@@ -980,11 +983,11 @@ class Broker:
             assert self.journal is not None
             self.stats.publish_sent += 1
             self.stats.messages_sent += 1
-            self.journal.held_append(conn, head + pid.to_bytes(2, "big") + tail)
+            self.journal.held_append(conn, head + encode_packet_id(pid) + tail)
             return
         out = conn.out
         out.append(head)
-        out.append(pid.to_bytes(2, "big"))
+        out.append(encode_packet_id(pid))
         out.append(tail)
         conn.out_bytes += len(head) + len(tail) + 2
         if conn.out_bytes > FLUSH_AT:
@@ -1032,7 +1035,7 @@ class Broker:
             send_topic=new_alias or not alias,
         )
         limit = conn.peer_max_packet
-        if limit is not None and packet_size(parts, qos) > limit:
+        if limit is not None and template_size(parts, qos) > limit:
             self.stats.dropped_too_large += 1
             log.debug("message on %r exceeds maximum packet size of %s", msg.topic, conn.label)
             return None

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.broker.auth import PasswordCheck
 from gateway.broker.connection import Connection, State
 from gateway.broker.session import Session
+from gateway.mqtt.codec import PING_RESP
 from gateway.mqtt.packets import MQTT_5, Auth, ConnAck, Connect, Disconnect, PingReq, Will
 from gateway.mqtt.properties import EMPTY, Properties
 from gateway.mqtt.reason_codes import ReasonCode
@@ -17,8 +18,6 @@ if TYPE_CHECKING:
     from gateway.broker.core import Broker
 
 log = logging.getLogger("ledge.broker")
-
-_PINGRESP = b"\xd0\x00"
 
 
 def handle_connect(broker: Broker, conn: Connection, packet: Connect, now: float) -> None:
@@ -255,7 +254,7 @@ def accept(
 
 
 def handle_pingreq(broker: Broker, conn: Connection, packet: PingReq, now: float) -> None:
-    broker.send_bytes(conn, _PINGRESP)
+    broker.send(conn, PING_RESP)
 
 
 def handle_disconnect(broker: Broker, conn: Connection, packet: Disconnect, now: float) -> None:

@@ -14,7 +14,8 @@ from gateway.broker.connection import Connection
 from gateway.broker.message import Message
 from gateway.broker.session import AWAIT_COMP
 from gateway.mqtt.codec import decode
-from gateway.mqtt.packets import MQTT_5, PubAck, PubComp, Publish, PubRec, PubRel
+from gateway.mqtt.fastpath import encode_ack
+from gateway.mqtt.packets import MQTT_5, PacketType, PubAck, PubComp, Publish, PubRec, PubRel
 from gateway.mqtt.properties import EMPTY
 from gateway.mqtt.reason_codes import ReasonCode
 
@@ -23,11 +24,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ledge.broker")
 
-
-def _ack(first_byte: int, pid: int, code: int, version: int) -> bytes:
-    if code == 0 or version != MQTT_5:
-        return bytes((first_byte, 2)) + pid.to_bytes(2, "big")
-    return bytes((first_byte, 3)) + pid.to_bytes(2, "big") + bytes((code,))
+PUBACK, PUBREC, PUBREL, PUBCOMP = (
+    PacketType.PUBACK,
+    PacketType.PUBREC,
+    PacketType.PUBREL,
+    PacketType.PUBCOMP,
+)
 
 
 def fast_publish(
@@ -89,7 +91,9 @@ def _publish_plain(
     if rules is not None and not rules.can_write(topic):
         _denied(broker, conn, topic)
         if qos:  # 0x87 on MQTT 5.0; a plain PUBACK on 3.1.1, which has no refusal
-            broker.send_bytes(conn, _ack(0x40, pid, ReasonCode.NOT_AUTHORIZED, conn.version))
+            broker.send_bytes(
+                conn, encode_ack(PUBACK, pid, ReasonCode.NOT_AUTHORIZED, conn.version)
+            )
         return
     payload = buf[pos:end]
     if type(payload) is not bytes:
@@ -105,7 +109,7 @@ def _publish_plain(
         if why is not None:
             code = broker.refuse_publish(conn, why, now)
             if code is not None:
-                broker.send_bytes(conn, _ack(0x40, pid, code, conn.version))
+                broker.send_bytes(conn, encode_ack(PUBACK, pid, code, conn.version))
             return
     journal = broker.journal
     mark = len(journal.ops) if journal is not None else 0
@@ -114,7 +118,7 @@ def _publish_plain(
         if journal is not None and len(journal.ops) != mark:
             journal.hold(conn)  # acknowledged means stored
         code = ReasonCode.SUCCESS if delivered else ReasonCode.NO_MATCHING_SUBSCRIBERS
-        broker.send_bytes(conn, _ack(0x40, pid, code, conn.version))
+        broker.send_bytes(conn, encode_ack(PUBACK, pid, code, conn.version))
 
 
 def handle_publish(broker: Broker, conn: Connection, packet: Publish, now: float) -> None:
@@ -174,7 +178,7 @@ def handle_publish(broker: Broker, conn: Connection, packet: Publish, now: float
             journal = broker.journal
             if journal is not None and session.persisted:
                 journal.hold(conn)
-            broker.send_bytes(conn, _ack(0x50, pid, 0, version))
+            broker.send_bytes(conn, encode_ack(PUBREC, pid, 0, version))
             return
         if len(incoming) >= settings.receive_maximum and version == MQTT_5:
             # MQTT-3.3.4-9: more unacknowledged QoS 2 than our Receive Maximum.
@@ -198,9 +202,9 @@ def handle_publish(broker: Broker, conn: Connection, packet: Publish, now: float
     if journal is not None and qos and len(journal.ops) != mark:
         journal.hold(conn)  # acknowledged means stored
     if qos == 1:
-        broker.send_bytes(conn, _ack(0x40, pid, code, version))
+        broker.send_bytes(conn, encode_ack(PUBACK, pid, code, version))
     elif qos == 2:
-        broker.send_bytes(conn, _ack(0x50, pid, code, version))
+        broker.send_bytes(conn, encode_ack(PUBREC, pid, code, version))
 
 
 def _route(broker: Broker, conn: Connection, packet: Publish, topic: str, now: float) -> int | None:
@@ -312,7 +316,7 @@ def handle_pubrec(broker: Broker, conn: Connection, packet: PubRec, now: float) 
         # No PUBREL before the PUBREC stage is stored (also for a repeated PUBREC: the
         # first may still be waiting), or a restart would send the PUBLISH again.
         journal.hold(conn)
-    broker.send_bytes(conn, b"\x62\x02" + pid.to_bytes(2, "big"))
+    broker.send_bytes(conn, encode_ack(PUBREL, pid))
 
 
 def handle_pubrel(broker: Broker, conn: Connection, packet: PubRel, now: float) -> None:
@@ -325,7 +329,7 @@ def handle_pubrel(broker: Broker, conn: Connection, packet: PubRel, now: float) 
         if journal is not None and session.persisted:
             journal.incoming_done(session, pid)
             journal.hold(conn)  # no PUBCOMP before the identifier is released in the store
-        broker.send_bytes(conn, b"\x70\x02" + pid.to_bytes(2, "big"))
+        broker.send_bytes(conn, encode_ack(PUBCOMP, pid))
     else:
         # Unknown, or released by a change still waiting for the store: the PUBCOMP waits
         # too, or after a restart the identifier would be known again while the client
