@@ -24,6 +24,7 @@ from gateway.broker.auth import Authenticator, ListenerPolicy, PasswordAuthentic
 from gateway.broker.connection import Connection, State
 from gateway.broker.journal import Journal, Op
 from gateway.broker.message import Message
+from gateway.broker.publish_policy import receive
 from gateway.broker.retained import RetainedStore
 from gateway.broker.router import SubscriptionIndex
 from gateway.broker.session import AWAIT_ACK, AWAIT_COMP, Outgoing, Session
@@ -31,8 +32,13 @@ from gateway.broker.settings import NEVER_EXPIRES, BrokerSettings
 from gateway.broker.stats import LoadAverage, Stats
 from gateway.broker.timers import Timers
 from gateway.mqtt.codec import decode, encode
-from gateway.mqtt.errors import BadProtocolName, MQTTError, UnsupportedProtocolVersion
-from gateway.mqtt.fastpath import encode_packet_id, template_size
+from gateway.mqtt.errors import (
+    BadProtocolName,
+    MQTTError,
+    ProtocolError,
+    UnsupportedProtocolVersion,
+)
+from gateway.mqtt.fastpath import PUBLISH_TYPE, encode_packet_id, peek_publish, template_size
 from gateway.mqtt.framer import NeedData
 from gateway.mqtt.packets import (
     MQTT_5,
@@ -218,9 +224,7 @@ class Broker:
         reader = conn.reader
         framer = reader.framer
         framer.feed(data)
-        handlers = self._handlers
         stats = self.stats
-        fast_publish = handle_publish.fast_publish
         try:
             while True:
                 span = framer.next_span()
@@ -229,25 +233,43 @@ class Broker:
                 first, frame_start, start, end = span
                 conn.last_rx = now
                 stats.messages_received += 1
-                if first & 0xF0 == 0x30 and conn.state is connected:
-                    fast_publish(self, conn, first, framer.buffer, frame_start, start, end, now)
-                    if conn.state >= State.CLOSING:
-                        return
-                    continue
-                packet = decode(first, framer.buffer[start:end], reader.version)
-                if conn.state is State.NEW and type(packet) is not Connect:
-                    # MQTT-3.1.0-1: the first packet must be CONNECT.
-                    self.close(conn, now, "first packet was not CONNECT")
-                    return
-                handler = handlers.get(type(packet))
-                if handler is None:
-                    self.fail(conn, ReasonCode.PROTOCOL_ERROR, _SERVER_BOUND_ONLY, now)
-                    return
-                handler(self, conn, packet, now)
+                buf = framer.buffer
+                if first & 0xF0 == PUBLISH_TYPE and conn.state is connected:
+                    # The fast path: a plain PUBLISH's fields straight from the buffer,
+                    # then the same policy as every other PUBLISH.
+                    plain = peek_publish(first, buf, start, end, reader.version)
+                    if plain is not None:
+                        topic, qos, pid, pos = plain
+                        payload = bytes(buf[pos:end])
+                        raw = None if qos else bytes(buf[frame_start:end])
+                        receive(self, conn, topic, payload, qos, False, pid, EMPTY, now, raw)
+                        if conn.state >= State.CLOSING:
+                            return
+                        continue
+                packet = decode(first, buf[start:end], reader.version)
+                self._dispatch(conn, packet, now)
                 if conn.state is not connected:
                     return  # closing, or a CONNECT whose login is still being decided
         except MQTTError as exc:
             self._codec_failure(conn, exc, now)
+
+    def dispatch(self, conn: Connection, packet: Packet, now: float) -> None:
+        """The general path for one decoded packet: its handler, and a violation it
+        raises ends the connection."""
+        try:
+            self._dispatch(conn, packet, now)
+        except MQTTError as exc:
+            self._codec_failure(conn, exc, now)
+
+    def _dispatch(self, conn: Connection, packet: Packet, now: float) -> None:
+        if conn.state is State.NEW and type(packet) is not Connect:
+            # MQTT-3.1.0-1: the first packet must be CONNECT.
+            self.close(conn, now, "first packet was not CONNECT")
+            return
+        handler = self._handlers.get(type(packet))
+        if handler is None:
+            raise ProtocolError(_SERVER_BOUND_ONLY)
+        handler(self, conn, packet, now)
 
     def password_checked(self, attempt: LoginAttempt, ok: bool | None, now: float) -> None:
         """The outcome of a password check handed to ``verifier`` (None: it could not
