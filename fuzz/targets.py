@@ -33,10 +33,9 @@ from typing import Final
 
 from gateway.broker.acl import parse_acl_file
 from gateway.broker.auth import ListenerPolicy, PasswordAuthenticator, hash_password
-from gateway.broker.connection import Connection, State
 from gateway.broker.core import Broker
-from gateway.broker.logins import LoginAttempt
 from gateway.broker.settings import BrokerSettings
+from gateway.broker.state import Connection, LoginAttempt, State
 from gateway.mqtt import (
     MQTT_5,
     MQTT_311,
@@ -359,7 +358,7 @@ def fuzz_session(data: bytes) -> int:
     now += 1e6
     broker.tick(now)
     drain()
-    if len(broker._free) != MAX_CONNECTIONS or broker.connections:
+    if len(broker.free) != MAX_CONNECTIONS or broker.connections:
         raise AssertionError("connection slots leaked")
     return ops
 

@@ -435,10 +435,7 @@ def test_upstream_properties_are_the_codecs_bytes_with_the_marks() -> None:
 
     h = Harness()
     settings = BridgeSettings("cloud", (("127.0.0.1", 1),), (RuleSettings("#"),))
-    bridge = Bridge(
-        settings, gateway="gw1", prefix="ledge", broker=h.broker, sequence=Sequence(1),
-        kick=lambda: None,
-    )  # fmt: skip
+    bridge = Bridge(settings, gateway="gw1", prefix="ledge", broker=h.broker, sequence=Sequence(1))
     marks = (("ledge-gateway", "gw1"), ("ledge-seq", "42"))
     plain = Entry(1, 42, "t", b"p", 1, False, b"", 0.0)
     assert bridge._properties(plain, True).pack() == encode_properties(

@@ -19,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.broker.acl import parse_acl_file
+from gateway.broker.closing import fail
 from gateway.broker.journal import Journal
 from gateway.mqtt import (
     MQTT_5,
@@ -172,7 +173,7 @@ def general_path(h: Harness, pub: FakeClient, raw: bytes) -> None:
     try:
         packet = decode(raw[0], body, pub.version)
     except MQTTError as exc:
-        h.broker._codec_failure(pub.conn, exc, h.now)
+        fail(h.broker, pub.conn, exc, h.now)
     else:
         assert isinstance(packet, Publish)
         h.broker.dispatch(pub.conn, packet, h.now)

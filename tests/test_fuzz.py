@@ -82,8 +82,8 @@ def test_session_target_can_fail() -> None:
 
     def leaky(self: core.Broker, conn: object, now: float) -> None:
         original(self, conn, now)  # type: ignore[arg-type]
-        if self._free:
-            self._free.pop()
+        if self.free:
+            self.free.pop()
 
     core.Broker.connection_lost = leaky  # type: ignore[method-assign]
     try:

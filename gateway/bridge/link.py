@@ -36,7 +36,6 @@ import random
 import ssl
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -151,7 +150,6 @@ class Bridge:
         prefix: str,
         broker: Broker,
         sequence: Sequence,
-        kick: Callable[[], None],
         store: Store | None = None,
     ) -> None:
         self.settings = settings
@@ -159,7 +157,6 @@ class Bridge:
         self.gateway = gateway
         self.broker = broker
         self.sequence = sequence
-        self.kick = kick
         self.store = store
         self.client_id = settings.client_id or f"ledge-{gateway}-{settings.name}"
         self.local = LocalClient(broker, f"ledge-bridge-{settings.name}", self._sink)
@@ -184,7 +181,7 @@ class Bridge:
         self._status_topic: str | None = None
         self._next_send = 0.0
         self._connected_at: float | None = None
-        self._kick_scheduled = False
+        self._wake_scheduled = False
         self._done_ops: list[tuple[Any, ...]] = []
         self._done_timer: asyncio.TimerHandle | None = None
         #: The first mark (this gateway's id), encoded.
@@ -263,7 +260,7 @@ class Bridge:
         if self._done_ops and journal is not None:
             journal.ops.extend(self._done_ops)
             self._done_ops.clear()
-            self.kick()
+            self.broker.wake()  # the shell seals them into a store batch
 
     def _gate(self, topic: str, size: int) -> str | None:
         """Policy ``refuse``: a QoS 1/2 publisher is told no while the outbox is full."""
@@ -481,7 +478,7 @@ class Bridge:
             entry = outbox.next_ready(time.time())
             if entry is None:
                 self._wake.clear()
-                self.kick()  # store what the outbox changed (expired entries)
+                self.broker.wake()  # store what the outbox changed (expired entries)
                 await self._wake.wait()
                 continue
             if rate > 0:
@@ -556,17 +553,17 @@ class Bridge:
                 reason_code,
             )
         self.outbox.acknowledged(entry)
-        self._kick_soon()
+        self._wake_soon()
 
-    def _kick_soon(self) -> None:
-        """Let the shell seal and write what changed, once per loop iteration."""
-        if not self._kick_scheduled:
-            self._kick_scheduled = True
-            asyncio.get_running_loop().call_soon(self._kicked)
+    def _wake_soon(self) -> None:
+        """Let the shell seal what the outbox changed, once per loop iteration."""
+        if not self._wake_scheduled:
+            self._wake_scheduled = True
+            asyncio.get_running_loop().call_soon(self._woken)
 
-    def _kicked(self) -> None:
-        self._kick_scheduled = False
-        self.kick()
+    def _woken(self) -> None:
+        self._wake_scheduled = False
+        self.broker.wake()
 
     def _refill(self) -> None:
         request = self.outbox.refill_request()
@@ -649,7 +646,6 @@ class Bridge:
             retain=mapped.retain,
             properties=props,
         )
-        self._kick_soon()
 
     # ------------------------------------------------------------------ reporting
 
@@ -661,7 +657,6 @@ class Bridge:
             self.broker_now(),
             retain=True,
         )
-        self.kick()
 
     def sys_values(self) -> dict[str, str]:
         o = self.outbox

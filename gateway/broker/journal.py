@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gateway.broker.session import Outgoing, Session, Subscription
+from gateway.broker.state import Outgoing, Session, Subscription
 from gateway.mqtt.properties import encode_properties
 
 if TYPE_CHECKING:
-    from gateway.broker.connection import Connection
     from gateway.broker.message import Message
+    from gateway.broker.state import Connection
 
 #: One operation: its name first, then plain values (see gateway.store.sqlite).
 Op = tuple[Any, ...]

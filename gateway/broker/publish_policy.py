@@ -25,18 +25,17 @@ packet identifier is remembered until PUBREL.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
-from gateway.broker.connection import Connection
+from gateway.broker.context import Context
+from gateway.broker.delivery import publish
 from gateway.broker.message import Message
+from gateway.broker.output import write
+from gateway.broker.state import Connection
 from gateway.mqtt.errors import MQTTError, ProtocolError
 from gateway.mqtt.fastpath import encode_ack
 from gateway.mqtt.packets import MQTT_5, PacketType
 from gateway.mqtt.properties import EMPTY, Properties
 from gateway.mqtt.reason_codes import ReasonCode
-
-if TYPE_CHECKING:
-    from gateway.broker.core import Broker
 
 log = logging.getLogger("ledge.broker")
 
@@ -47,7 +46,7 @@ _PUBREC = PacketType.PUBREC
 
 
 def receive(
-    broker: Broker,
+    ctx: Context,
     conn: Connection,
     topic: str,
     payload: bytes,
@@ -63,12 +62,12 @@ def receive(
     ``raw`` is the received frame of a QoS 0 PUBLISH that subscribers of the same
     protocol version may get byte for byte (no retain, no properties).
     """
-    settings = broker.settings
+    settings = ctx.settings
     version = conn.version
     # -- 1. validity
     if props is not EMPTY:
         if props.topic_alias is not None:
-            topic = _resolve_alias(broker, conn, props.topic_alias, topic)
+            topic = _resolve_alias(ctx, conn, props.topic_alias, topic)
         if props.subscription_identifiers:
             # MQTT-3.3.4-6
             raise ProtocolError("a client's PUBLISH must not carry a subscription identifier")
@@ -77,12 +76,12 @@ def receive(
     if retain and not settings.retain_available:
         raise MQTTError("retained messages are disabled", ReasonCode.RETAIN_NOT_SUPPORTED)
     # -- 2. counted
-    stats = broker.stats
+    stats = ctx.stats
     stats.publish_received += 1
     # -- 3. the QoS 2 flow
     session = conn.session
     assert session is not None
-    journal = broker.journal
+    journal = ctx.journal
     if qos == 2:
         incoming = session.incoming_qos2
         if packet_id in incoming:
@@ -90,7 +89,7 @@ def receive(
             # The first PUBREC may still be waiting for its store batch: so must this one.
             if journal is not None and session.persisted:
                 journal.hold(conn)
-            broker.send_bytes(conn, encode_ack(_PUBREC, packet_id, 0, version))
+            write(ctx, conn, encode_ack(_PUBREC, packet_id, 0, version))
             return
         if len(incoming) >= settings.receive_maximum and version == MQTT_5:
             # MQTT-3.3.4-9: more unacknowledged QoS 2 than our Receive Maximum.
@@ -115,11 +114,11 @@ def receive(
     elif conn.rules is not None and not conn.rules.can_write(topic):
         # Not authorized by the ACL: MQTT 5.0 acknowledges with 0x87, MQTT 3.1.1 has no
         # negative acknowledgement and the message is dropped (as mosquitto does).
-        _denied(broker, conn, topic)
+        _denied(ctx, conn, topic)
         code = _NOT_AUTHORIZED
     # -- 6. gates
-    elif qos and (broker.store_full or broker.publish_gates):
-        why = broker.publish_refusal(topic, retain, len(payload))
+    elif qos and (ctx.store_full or ctx.publish_gates):
+        why = refusal(ctx, topic, retain, len(payload))
         if why is not None:
             stats.publish_denied += 1
             if version != MQTT_5:
@@ -142,20 +141,20 @@ def receive(
             msg.raw = raw
             msg.raw_version = version
         # -- 7. quota
-        if retain and payload and not broker.retained.has_room(msg):
+        if retain and payload and not ctx.retained.has_room(msg):
             log.warning(
                 "retained store full (%d messages, %d bytes): %r from %s not retained",
-                len(broker.retained),
-                broker.retained.bytes,
+                len(ctx.retained),
+                ctx.retained.bytes,
                 topic,
                 conn.label,
             )
             if qos and version == MQTT_5:
                 # Refuse-new policy, told to the publisher; nothing is forwarded.
-                broker.retained.refused += 1
+                ctx.retained.refused += 1
                 code = ReasonCode.QUOTA_EXCEEDED
         # -- 8. routing
-        if code is _SUCCESS and not broker.publish(msg, now):
+        if code is _SUCCESS and not publish(ctx, msg, now):
             code = ReasonCode.NO_MATCHING_SUBSCRIBERS
     if not qos:
         return
@@ -165,12 +164,37 @@ def receive(
             journal.incoming(session, packet_id)
     if journal is not None and len(journal.ops) != mark:
         journal.hold(conn)  # acknowledged means stored
-    broker.send_bytes(conn, encode_ack(_PUBACK if qos == 1 else _PUBREC, packet_id, code, version))
+    write(ctx, conn, encode_ack(_PUBACK if qos == 1 else _PUBREC, packet_id, code, version))
 
 
-def _resolve_alias(broker: Broker, conn: Connection, alias: int, topic: str) -> str:
+def refusal(ctx: Context, topic: str, retain: bool, size: int) -> str | None:
+    """Why a QoS 1/2 PUBLISH on ``topic`` cannot be accepted now, or None: the store
+    is full and the message would be stored, or a gate (a bridge's full outbox with
+    the policy "refuse") says no."""
+    if ctx.store_full and would_store(ctx, topic, retain):
+        return f"store full: message on {topic!r} for persistent sessions refused"
+    for gate in ctx.publish_gates:
+        why = gate(topic, size)
+        if why is not None:
+            return why
+    return None
+
+
+def would_store(ctx: Context, topic: str, retain: bool) -> bool:
+    """Would a QoS 1/2 message on ``topic`` be written to the store?"""
+    if retain:
+        return True
+    route = ctx.index.route(topic)
+    if any(session.persisted for session, _subs in route.direct):
+        return True
+    return any(
+        session.persisted for group in route.shared for session, _s in group.members.values()
+    )
+
+
+def _resolve_alias(ctx: Context, conn: Connection, alias: int, topic: str) -> str:
     """The topic an alias stands for, or sets (MQTT 5.0 section 3.3.2.3.4)."""
-    maximum = broker.settings.topic_alias_maximum
+    maximum = ctx.settings.topic_alias_maximum
     if alias == 0 or alias > maximum:
         # MQTT-3.3.2-8, -9
         raise MQTTError(
@@ -195,9 +219,9 @@ def _utf8(payload: bytes) -> bool:
     return True
 
 
-def _denied(broker: Broker, conn: Connection, topic: str) -> None:
+def _denied(ctx: Context, conn: Connection, topic: str) -> None:
     """Count a PUBLISH the ACL refused; log the 1st, 2nd, 4th, 8th ... of them."""
-    stats = broker.stats
+    stats = ctx.stats
     stats.publish_denied += 1
     if stats.publish_denied & (stats.publish_denied - 1) == 0:
         log.info(

@@ -14,7 +14,7 @@ from gateway.broker.subtree import SubTree
 from gateway.mqtt.topics import has_wildcard, matches
 
 if TYPE_CHECKING:
-    from gateway.broker.session import Session, Subscription
+    from gateway.broker.state import Session, Subscription
 
 Entry = tuple["Session", "Subscription"]
 
