@@ -93,7 +93,7 @@ def test_explain_says_why_and_why_not() -> None:
         (RuleSettings("a/#/b"), "filter: '#' must be the last level"),
         (RuleSettings("$share/g/a"), "shared subscriptions cannot be bridged"),
         (RuleSettings("a", local_prefix="x/+/"), "local_prefix: must not contain wildcards"),
-        (RuleSettings("a", direction="sideways"), "direction"),
+        (RuleSettings("a", direction="sideways"), "direction"),  # type: ignore[arg-type]
     ],
 )
 def test_bad_rules_are_named(rule: RuleSettings, problem: str) -> None:
@@ -117,7 +117,7 @@ def make_outbox(
     ops: list[tuple[Any, ...]] = []
     box = Outbox(
         "cloud",
-        OutboxSettings(max_bytes, max_messages, when_full, memory_bytes),
+        OutboxSettings(max_bytes, max_messages, when_full, memory_bytes),  # type: ignore[arg-type]
         ops.append if durable else None,
     )
     return box, ops
@@ -363,7 +363,7 @@ def test_bridge_config_becomes_runtime_settings_and_survives_json() -> None:
     runtime = config.to_runtime()
     (bridge,) = runtime.bridges
     assert bridge.addresses == (("broker.example", 8883), ("backup.example", 8883))
-    assert bridge.protocol == 4 and bridge.envelope and bridge.tls.enabled
+    assert bridge.version == 4 and bridge.envelope and bridge.tls.enabled
     assert bridge.outbox.when_full == "refuse" and bridge.outbox.max_bytes == 2048
     assert bridge.rules[0].local_filter == "ledge/gw1/sensors/#"
     assert RuntimeConfig.from_json(runtime.to_json()) == runtime

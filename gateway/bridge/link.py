@@ -170,11 +170,14 @@ class Bridge:
         self.remote_receive_maximum = 65_535
         self.window = settings.max_inflight
         self.inflight = 0
-        self.echo = EchoFilter() if settings.protocol == 4 and not settings.envelope else None
+        self.echo = EchoFilter() if settings.version == 4 and not settings.envelope else None
         self._bypass: list[Entry] = []
         self._wake = asyncio.Event()
         self._slot = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        #: Reads of the outbox from the store in progress (kept: the loop holds only
+        #: weak references to tasks).
+        self._loads: set[asyncio.Task[None]] = set()
         self._stopping = False
         self._pending: dict[int, Entry | None] = {}
         self._client: _Client | None = None
@@ -223,6 +226,9 @@ class Bridge:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        for task in list(self._loads):
+            task.cancel()
+        await asyncio.gather(*self._loads, return_exceptions=True)
         if self._done_timer is not None:
             self._done_timer.cancel()
         self._flush_done()
@@ -401,10 +407,10 @@ class Bridge:
             username=settings.username,
             password=settings.password,
             protocol=aiomqtt.ProtocolVersion.V5
-            if settings.protocol == 5
+            if settings.version == 5
             else aiomqtt.ProtocolVersion.V311,
-            clean_session=settings.clean_start if settings.protocol == 4 else None,
-            clean_start=settings.clean_start if settings.protocol == 5 else 3,
+            clean_session=settings.clean_start if settings.version == 4 else None,
+            clean_start=settings.clean_start if settings.version == 5 else 3,
             keepalive=settings.keepalive,
             tls_context=_tls_context(settings) if settings.tls.enabled else None,
             tls_insecure=settings.tls.insecure if settings.tls.enabled else None,
@@ -426,7 +432,7 @@ class Bridge:
             for rule in settings.rules:
                 if not rule.inbound:
                     continue
-                if settings.protocol == 5:
+                if settings.version == 5:
                     await client.subscribe(
                         rule.remote_filter,
                         options=SubscribeOptions(
@@ -496,7 +502,7 @@ class Bridge:
         if self.settings.envelope:
             payload = envelope(mark[0] if mark else self.gateway, entry.seq, payload)
         properties = None
-        if self.settings.protocol == 5:
+        if self.settings.version == 5:
             properties = self._properties(entry, mark is None)
         if self.echo is not None:
             self.echo.sent(entry.topic, payload, time.monotonic())
@@ -589,7 +595,9 @@ class Bridge:
             self.outbox.refilled(rows)
             self._wake.set()
 
-        asyncio.get_running_loop().create_task(load())
+        task = asyncio.get_running_loop().create_task(load(), name=f"bridge {self.name} outbox")
+        self._loads.add(task)
+        task.add_done_callback(self._loads.discard)
 
     # ------------------------------------------------------------------ down
 
@@ -751,7 +759,7 @@ def _our_properties(paho_props: Any) -> Properties:
 
 
 def _connect_properties(settings: BridgeSettings) -> PahoProperties | None:
-    if settings.protocol != 5:
+    if settings.version != 5:
         return None
     props = PahoProperties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
     props.SessionExpiryInterval = settings.session_expiry
@@ -779,7 +787,13 @@ def _describe(exc: BaseException) -> str:
 
 class _Client(aiomqtt.Client):
     """aiomqtt's client, also reporting the remote's CONNACK properties and every
-    publish acknowledgement with its reason code (aiomqtt keeps both to itself)."""
+    publish acknowledgement with its reason code (aiomqtt keeps both to itself).
+
+    These are overrides of aiomqtt's private paho callbacks because aiomqtt (2.x) has
+    no public hook for either: its publish() awaits the acknowledgement but drops the
+    reason code, and CONNACK properties are not exposed. The bridge pins the aiomqtt
+    version range in pyproject.toml, and tests/test_bridge.py runs these paths
+    against a real Mosquitto."""
 
     def __init__(self, bridge: Bridge, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -90,7 +90,7 @@ def _subscribe_one(
     denied = next((d for d in settings.deny_subscriptions if subsumes(d, topic_filter)), None)
     if denied is not None:
         log.info("refusing subscription %r of %s: denied by %r", raw, conn.label, denied)
-        return settings.deny_subscription_reason, None, False
+        return settings.deny_subscription_code, None, False
     rules = conn.rules
     if rules is not None and not rules.can_subscribe(topic_filter):
         log.info("refusing subscription %r of %s: not authorized by the ACL", raw, conn.label)
