@@ -57,6 +57,7 @@ from gateway.bridge.rules import map_in, map_out
 from gateway.bridge.sequence import Sequence
 from gateway.bridge.settings import REFUSE, BridgeSettings
 from gateway.broker.core import Broker
+from gateway.broker.journal import Op, RemoveOutbox
 from gateway.broker.local import LocalClient
 from gateway.broker.message import Message
 from gateway.mqtt.properties import (
@@ -185,7 +186,7 @@ class Bridge:
         self._next_send = 0.0
         self._connected_at: float | None = None
         self._wake_scheduled = False
-        self._done_ops: list[tuple[Any, ...]] = []
+        self._done_ops: list[Op] = []
         self._done_timer: asyncio.TimerHandle | None = None
         #: The first mark (this gateway's id), encoded.
         self._mark_prefix = user_property(GATEWAY_PROPERTY, gateway)
@@ -248,10 +249,10 @@ class Bridge:
 
     # ------------------------------------------------------------------ local side
 
-    def _emit(self, op: tuple[Any, ...]) -> None:
+    def _emit(self, op: Op) -> None:
         journal = self.broker.journal
         assert journal is not None
-        if op[0] != "outbox_done":
+        if not isinstance(op, RemoveOutbox):
             journal.ops.append(op)
             return
         # Removals wait a little and go in groups: far fewer commits (and fsyncs)

@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass
 
 from gateway.broker.core import Broker
-from gateway.broker.journal import Journal
+from gateway.broker.journal import ForgetMessage, Journal, Unretain
 from gateway.broker.message import Message
 from gateway.broker.settings import NEVER_EXPIRES
 from gateway.broker.state import Flow, Outgoing, Session, Subscription
@@ -98,13 +98,13 @@ def restore(broker: Broker, snapshot: Snapshot, now: float, wall_now: float) -> 
         broker.adopt_session(session, now)
     for msg in messages.values():
         if msg.refs == 0:
-            journal.ops.append(("message_gone", msg.store_id))  # left by an old crash
+            journal.ops.append(ForgetMessage(msg.store_id))  # left by an old crash
     for stored in snapshot.retained:
         msg = _message(stored, offset)
         if not msg.expired(now):
             broker.retained.store(msg)
         else:
-            journal.ops.append(("unretain", msg.topic))
+            journal.ops.append(Unretain(msg.topic))
     result = Restored(len(snapshot.sessions), subscriptions, queued, inflight, len(broker.retained))
     if snapshot.sessions or snapshot.retained:
         log.info(
