@@ -58,6 +58,9 @@ class _Model(BaseModel):
 # adds what only a validator can check (files readable, names unique...).
 # ``settings_from`` turns a validated model back into the dataclass.
 
+#: Names the runtime's annotations use without importing them (see gateway.runtime).
+_LAZY_NAMES: dict[str, Any] = {"BridgeSettings": BridgeSettings}
+
 #: Settings dataclass -> its model, and back.
 _MODELS: dict[type, type[_Model]] = {}
 _SETTINGS: dict[type[BaseModel], type] = {}
@@ -76,7 +79,7 @@ def section_model(
     dataclass that are written in this table; ``extra`` adds fields only the file has."""
     spec: dict[str, Any] = {}
     for owner, section in ((settings, ""), *([also] if also else [])):
-        hints = get_type_hints(owner)
+        hints = get_type_hints(owner, localns=_LAZY_NAMES)
         for f in dataclasses.fields(owner):
             if f.metadata.get("internal") or f.metadata.get("section", "") != section:
                 continue
@@ -135,7 +138,7 @@ def settings_from(model: BaseModel, **given: Any) -> Any:
     """The settings dataclass of a validated model; ``given`` supplies the fields the
     file does not hold as they are (internal ones, ones from another table)."""
     settings = next(_SETTINGS[c] for c in type(model).__mro__ if c in _SETTINGS)
-    hints = get_type_hints(settings)
+    hints = get_type_hints(settings, localns=_LAZY_NAMES)
     values = dict(given)
     for f in dataclasses.fields(settings):
         if f.name not in values and f.name in type(model).model_fields:

@@ -12,12 +12,12 @@ import json
 import os
 import re
 import socket
-from dataclasses import asdict, dataclass, fields, is_dataclass, replace
+import sys
+from dataclasses import Field, asdict, dataclass, fields, is_dataclass, replace
 from pathlib import Path
 from types import UnionType
-from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
 
-from gateway.bridge.settings import BridgeSettings
 from gateway.broker.auth import (
     ListenerPolicy,
     PasswordAuthenticator,
@@ -28,6 +28,7 @@ from gateway.broker.settings import BrokerSettings, option
 from gateway.store.settings import StoreSettings
 
 if TYPE_CHECKING:
+    from gateway.bridge.settings import BridgeSettings
     from gateway.broker.acl import Acl
 
 #: Environment variable carrying the validated config into the gateway process.
@@ -200,7 +201,7 @@ class RuntimeConfig:
     @property
     def reloadable(self) -> tuple[str, ...]:
         """Broker settings a SIGHUP may change while running."""
-        return tuple(f.name for f in fields(BrokerSettings) if f.metadata["reload"])
+        return tuple(f.name for f in fields(BrokerSettings) if f.metadata.get("reload"))
 
     @property
     def allow_anonymous(self) -> bool:
@@ -246,14 +247,32 @@ class RuntimeConfig:
         return config
 
 
+def _field_value(kind: type, f: Field[Any], data: Any) -> Any:
+    """A field's value from JSON; its type hint is evaluated only when the value is
+    a container (plain values need none, and every hint evaluated costs memory)."""
+    if not isinstance(data, dict | list):
+        return data
+    if isinstance(data, list) and not data:
+        return ()
+    hint = f.type
+    if isinstance(hint, str):
+        names = dict(vars(sys.modules[kind.__module__]))
+        if "BridgeSettings" in hint:
+            # Imported only when bridges are configured: it costs memory otherwise.
+            from gateway.bridge.settings import BridgeSettings
+
+            names["BridgeSettings"] = BridgeSettings
+        hint = eval(hint, names)  # our own annotations, from our own module
+    return from_data(hint, data)
+
+
 def from_data(kind: Any, data: Any) -> Any:
     """``data`` (JSON: dicts and lists) as a value of type ``kind``: settings
     dataclasses, tuples, dicts and optional values, rebuilt from their type hints."""
     if data is None:
         return None
     if is_dataclass(kind) and isinstance(kind, type):
-        hints = get_type_hints(kind)
-        return kind(**{f.name: from_data(hints[f.name], data[f.name]) for f in fields(kind)})
+        return kind(**{f.name: _field_value(kind, f, data[f.name]) for f in fields(kind)})
     origin = get_origin(kind)
     args = get_args(kind)
     if origin in (Union, UnionType):

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gateway.broker.auth import Authenticator, ListenerPolicy, PasswordAuthenticator
-from gateway.broker.journal import Journal
 from gateway.broker.retained import RetainedStore
 from gateway.broker.router import SubscriptionIndex
 from gateway.broker.settings import BrokerSettings
@@ -26,6 +25,7 @@ if TYPE_CHECKING:
     # Imported when an ACL or a password file is configured, not before: a broker
     # without them does not carry their code.
     from gateway.broker.acl import Acl
+    from gateway.broker.journal import Journal
     from gateway.broker.logins import LoginThrottle
     from gateway.broker.state import LoginAttempt
 

@@ -39,7 +39,6 @@ from gateway.broker.handle_publish import (
     handle_pubrel,
 )
 from gateway.broker.handle_subscribe import handle_subscribe, handle_unsubscribe
-from gateway.broker.journal import Op
 from gateway.broker.publish_policy import receive
 from gateway.broker.settings import BrokerSettings
 from gateway.broker.state import Connection, Session, State
@@ -66,6 +65,7 @@ from gateway.mqtt.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
     from gateway.broker.acl import Acl
+    from gateway.broker.journal import Op
     from gateway.broker.state import LoginAttempt
 
 log = logging.getLogger("ledge.broker")

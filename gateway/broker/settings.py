@@ -36,10 +36,21 @@ def option(
     that is not the dataclass's own (the failed-login delays sit in ``[auth]``).
     No default: the option is required.
     """
-    metadata = {"reload": reload, "internal": internal, "section": section, "bounds": bounds}
+    # Only what differs from the usual (no reload, in the file, in its own table, no
+    # bounds) is kept: the gateway process holds every option's field for its life.
+    metadata = {
+        key: value
+        for key, value in (
+            ("reload", reload),
+            ("internal", internal),
+            ("section", section),
+            ("bounds", bounds),
+        )
+        if value
+    }
     if factory is not None:
-        return field(default_factory=factory, metadata=metadata)
-    return field(default=default, metadata=metadata)
+        return field(default_factory=factory, metadata=metadata or None)
+    return field(default=default, metadata=metadata or None)
 
 
 @dataclass(frozen=True, slots=True)

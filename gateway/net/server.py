@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Final, cast
 
 from gateway.broker.core import Broker
 from gateway.broker.state import Connection, State
-from gateway.net.layer import LINGER_SECONDS, Endpoint
+from gateway.net.endpoint import LINGER_SECONDS, Endpoint
 
 if TYPE_CHECKING:
     from gateway.broker.state import LoginAttempt

@@ -16,7 +16,8 @@ import ssl
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.net.layer import Endpoint, Layer, LayerTransport, linger_close
+from gateway.net.endpoint import Endpoint, linger_close
+from gateway.net.layer import Layer, LayerTransport
 
 log = logging.getLogger("ledge.net")
 

@@ -18,7 +18,8 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from gateway.net.layer import Endpoint, Layer, linger_close
+from gateway.net.endpoint import Endpoint, linger_close
+from gateway.net.layer import Layer
 
 if TYPE_CHECKING:
     import asyncio
