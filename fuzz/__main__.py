@@ -1,6 +1,6 @@
 """Coverage-guided fuzzing of the codec and the connection state machine (atheris).
 
-    python -m fuzz [--seconds N | --runs N] [--target codec|session|websocket|http|all]
+    python -m fuzz [--seconds N | --runs N] [--target codec|fastpath|session|websocket|http|all]
 
 Each target runs under libFuzzer in its own process, with its corpus in
 ``fuzz/corpus/<target>/`` (kept between runs, so each run starts where the last one
@@ -104,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     parser = argparse.ArgumentParser(prog="python -m fuzz", description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--target", choices=["codec", "session", "websocket", "http", "all"], default="all"
+        "--target",
+        choices=["codec", "fastpath", "session", "websocket", "http", "all"],
+        default="all",
     )
     parser.add_argument("--seconds", type=int, help="per target (default 300)")
     parser.add_argument("--runs", type=int, help="inputs per target instead of a duration")
@@ -114,7 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     seconds = args.seconds if args.seconds or args.runs else 300
-    targets = ["codec", "session", "websocket", "http"] if args.target == "all" else [args.target]
+    targets = (
+        ["codec", "fastpath", "session", "websocket", "http"]
+        if args.target == "all"
+        else [args.target]
+    )
     total = 0
     crashed = []
     start = time.monotonic()
