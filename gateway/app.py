@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gateway import __version__
 from gateway.broker.auth import Authenticator, ListenerPolicy
@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from gateway.bridge.link import Bridge
     from gateway.bridge.sequence import Sequence
     from gateway.metrics.collect import Metrics
+    from gateway.net.http import HTTPServer
+    from gateway.net.http_settings import HTTPSettings
     from gateway.sensors import SensorHub
     from gateway.store.sqlite import Snapshot, Store
     from gateway.taps import TapPlane
@@ -139,7 +141,7 @@ class Gateway:
                 ) from None
         self._start_bridges()
         self._start_sensors_and_taps(loop)
-        if config.http.enabled or config.sensors.homeassistant:
+        if (config.http is not None and config.http.enabled) or config.sensors.homeassistant:
             # Imported here: without [http] or Home Assistant the metrics code never loads.
             from gateway.metrics.collect import start_metrics
 
@@ -425,10 +427,39 @@ class Gateway:
             auth = build_authenticator(new.allow_anonymous, new.password_file)
             policies = build_policies(new.listeners)
             specs = self._listener_changes(new)
+            https = self._https_running()
+            if https is not None and new.http is not None and new.http.https:
+                from gateway.net.tls import server_context
+
+                server_context(new.http)  # a certificate that does not load fails here
         except (ValueError, KeyError, OSError, ConfigError) as exc:
             log.error("reload failed, keeping the running config: %s", exc)
             return
         self.apply(new, auth, policies, specs)
+
+    def _https_running(self) -> HTTPServer | None:
+        """The HTTP listener, when it runs and serves HTTPS."""
+        running = self.metrics.http if self.metrics is not None else None
+        return running if running is not None and running.settings.https else None
+
+    def _reload_http(
+        self, new: HTTPSettings | None, changed: dict[str, Any], ignored: list[str]
+    ) -> HTTPSettings | None:
+        """``[http]`` on reload: a running HTTPS listener reads its TLS files again (a
+        renewed certificate serves new connections); anything else needs a restart."""
+        old = self.config.http
+        if old is None or new is None:
+            if (old is not None and old.enabled) or (new is not None and new.enabled):
+                ignored.append("http")
+            return old
+        ignored.extend(f"http.{name}" for name in old.restart_needed(new))
+        http = old.reloaded(new)
+        https = self._https_running()
+        if https is not None:
+            https.update_tls(http)
+            if http != old:
+                changed["http"] = http
+        return http
 
     def _listener_changes(self, new: RuntimeConfig) -> list[ListenerSpec]:
         """The running listeners whose connection-time settings changed (their TLS
@@ -482,8 +513,9 @@ class Gateway:
             listeners = new.listeners
             for warning in file_warnings(new):
                 log.warning("%s", warning)
+        http = self._reload_http(new.http, changed, ignored)
         setup_logging(new.log_level)
-        self.config = replace(new, listeners=listeners, broker=broker.settings)
+        self.config = replace(new, listeners=listeners, broker=broker.settings, http=http)
         log.info(
             "config reloaded from %s: %s%s",
             new.config_path,
@@ -494,25 +526,13 @@ class Gateway:
 
 def listener_spec(listener: ListenerSettings, index: int) -> ListenerSpec:
     """What the shell needs to open (or update) one configured listener."""
-    tls = None
-    if listener.type in ("tls", "websocket-tls"):
-        from gateway.net.tls import TLSSettings
-
-        assert listener.certfile is not None and listener.keyfile is not None
-        tls = TLSSettings(
-            listener.certfile,
-            listener.keyfile,
-            listener.cafile,
-            listener.require_certificate,
-            listener.tls_version,
-        )
     return ListenerSpec(
         listener.host,
         listener.port,
         listener_label(listener, index),
         listener.type,
         listener.path,
-        tls,
+        listener if listener.type in ("tls", "websocket-tls") else None,
     )
 
 

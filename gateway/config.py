@@ -14,7 +14,8 @@ import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast, get_args, get_origin, get_type_hints
+from types import UnionType
+from typing import Any, Union, cast, get_args, get_origin, get_type_hints
 
 from pydantic import (
     BaseModel,
@@ -31,7 +32,9 @@ from gateway.bridge.rules import rule_errors
 from gateway.bridge.settings import BridgeSettings, OutboxSettings, RuleSettings, TlsSettings
 from gateway.broker.settings import BrokerSettings
 from gateway.mqtt.topics import filter_error
+from gateway.net.http_settings import HTTPSettings
 from gateway.runtime import (
+    LAZY_SETTINGS,
     AuthSettings,
     ConfigError,
     FieldSettings,
@@ -59,7 +62,9 @@ class _Model(BaseModel):
 # ``settings_from`` turns a validated model back into the dataclass.
 
 #: Names the runtime's annotations use without importing them (see gateway.runtime).
-_LAZY_NAMES: dict[str, Any] = {"BridgeSettings": BridgeSettings}
+_LAZY_NAMES: dict[str, Any] = {
+    name: getattr(importlib.import_module(module), name) for name, module in LAZY_SETTINGS.items()
+}
 
 #: Settings dataclass -> its model, and back.
 _MODELS: dict[type, type[_Model]] = {}
@@ -126,6 +131,8 @@ def _model_type(hint: Any) -> Any:
         return tuple[tuple(_model_type(a) for a in args)]  # type: ignore[misc]
     if origin is dict:
         return dict[_model_type(args[0]), _model_type(args[1])]  # type: ignore[misc]
+    if origin in (Union, UnionType):
+        return Union[tuple(_model_type(a) for a in args)]  # noqa: UP007  # an optional table
     return hint
 
 
@@ -210,10 +217,31 @@ def _topic_level(value: str) -> str:
     return value
 
 
-class _ListenerChecks(_Model):
-    """One place clients connect (mosquitto's ``listener`` with per-listener settings)."""
+class _TLSChecks(_Model):
+    """The TLS options every listener shares (``TLSOptions``): files readable, a CA
+    when client certificates are required, and the files loaded as the gateway will
+    (a key that does not match its certificate is found here, not at start-up)."""
 
     _files = field_validator("certfile", "keyfile", "cafile", check_fields=False)(_readable)
+
+    def _check_tls(self, serves_tls: bool) -> None:
+        get = _fields_of(self)
+        if get("require_certificate") and get("cafile") is None:
+            raise ValueError("require_certificate needs cafile (the CA that signs clients)")
+        if serves_tls:
+            import ssl
+
+            from gateway.net.tls import server_context
+
+            try:
+                server_context(settings_from(self))
+            except (ssl.SSLError, OSError, ValueError) as exc:
+                raise ValueError(f"cannot use certfile/keyfile/cafile: {exc}") from None
+
+
+class _ListenerChecks(_TLSChecks):
+    """One place clients connect (mosquitto's ``listener`` with per-listener settings)."""
+
     _passwords = field_validator("password_file", check_fields=False)(_password_file)
     _acl = field_validator("acl_file", check_fields=False)(_acl_file)
 
@@ -232,36 +260,12 @@ class _ListenerChecks(_Model):
                     f"{', '.join(given or ['use_identity_as_username'])} only apply to "
                     "type 'tls' or 'websocket-tls'"
                 )
-        if get("require_certificate") and get("cafile") is None:
-            raise ValueError("require_certificate needs cafile (the CA that signs clients)")
         if get("use_identity_as_username") and not get("require_certificate"):
             raise ValueError("use_identity_as_username needs require_certificate = true")
         if not str(get("path")).startswith("/"):
             raise ValueError(f"path {get('path')!r} must start with '/'")
-        if tls:
-            self._load_tls()
+        self._check_tls(tls)
         return self
-
-    def _load_tls(self) -> None:
-        """Load the certificate, key and CA as the gateway will (a key that does not
-        match its certificate is found here, not at start-up)."""
-        import ssl
-
-        from gateway.net.tls import TLSSettings, server_context
-
-        get = _fields_of(self)
-        try:
-            server_context(
-                TLSSettings(
-                    get("certfile"),
-                    get("keyfile"),
-                    get("cafile"),
-                    get("require_certificate"),
-                    get("tls_version"),
-                )
-            )
-        except (ssl.SSLError, OSError, ValueError) as exc:
-            raise ValueError(f"cannot use certfile/keyfile/cafile: {exc}") from None
 
 
 class _BrokerChecks(_Model):
@@ -358,6 +362,37 @@ class _AuthChecks(_Model):
         return self
 
 
+class _HTTPChecks(_TLSChecks):
+    """The HTTP listener of ``/metrics``, ``/api/status`` and the status page: HTTPS
+    with certfile and keyfile; who may read from a password file or a token file."""
+
+    _passwords = field_validator("password_file", check_fields=False)(_password_file)
+
+    @field_validator("token_file", check_fields=False)
+    @classmethod
+    def _token(cls, path: str | None) -> str | None:
+        if _readable(path) is not None:
+            from gateway.net.http import MIN_TOKEN_LENGTH, read_token
+
+            assert path is not None
+            if len(read_token(Path(path))) < MIN_TOKEN_LENGTH:
+                raise ValueError(
+                    f"the token in {path!r} is shorter than {MIN_TOKEN_LENGTH} characters"
+                )
+        return path
+
+    @model_validator(mode="after")
+    def _tls(self) -> Any:
+        get = _fields_of(self)
+        https = get("certfile") is not None
+        if https != (get("keyfile") is not None):
+            raise ValueError("certfile and keyfile go together (HTTPS)")
+        if not https and (get("cafile") or get("require_certificate")):
+            raise ValueError("cafile and require_certificate need certfile and keyfile")
+        self._check_tls(https)
+        return self
+
+
 class _ConfigChecks(_Model):
     @field_validator("serial", "bridges", check_fields=False)
     @classmethod
@@ -393,6 +428,7 @@ BridgeConfig = section_model(
 )
 AuthConfig = section_model(AuthSettings, _AuthChecks, also=(BrokerSettings, "auth"))
 LogConfig = section_model(LogSettings)
+HTTPConfig = section_model(HTTPSettings, _HTTPChecks)
 _ConfigModel = section_model(RuntimeConfig, _ConfigChecks, name="ConfigFile")
 
 

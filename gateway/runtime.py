@@ -25,11 +25,13 @@ from gateway.broker.auth import (
     parse_password_file,
 )
 from gateway.broker.settings import BrokerSettings, option
+from gateway.net.settings import TLSOptions
 from gateway.store.settings import StoreSettings
 
 if TYPE_CHECKING:
     from gateway.bridge.settings import BridgeSettings
     from gateway.broker.acl import Acl
+    from gateway.net.http_settings import HTTPSettings
 
 #: Environment variable carrying the validated config into the gateway process.
 RUNTIME_ENV = "LEDGE_RUNTIME_CONFIG"
@@ -49,8 +51,9 @@ class StartupError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class ListenerSettings:
-    """One ``[[listeners]]`` table: where clients connect and how."""
+class ListenerSettings(TLSOptions):
+    """One ``[[listeners]]`` table: where clients connect and how (its TLS options,
+    for type "tls" and "websocket-tls", are the ones every listener shares)."""
 
     host: str = option("127.0.0.1")
     port: int = option(1883, ge=0, le=65535)
@@ -62,12 +65,7 @@ class ListenerSettings:
     allow_anonymous: bool | None = option(None, reload=True)
     password_file: str | None = option(None, reload=True)
     acl_file: str | None = option(None, reload=True)
-    certfile: str | None = option(None, reload=True)
-    keyfile: str | None = option(None, reload=True)
-    cafile: str | None = option(None, reload=True)
-    require_certificate: bool = option(False, reload=True)
     use_identity_as_username: bool = option(False, reload=True)
-    tls_version: Literal["tlsv1.2", "tlsv1.3"] = option("tlsv1.2", reload=True)
 
     def identity(self) -> tuple[str, int, str, str]:
         """What only a restart can change: where it listens and what it speaks."""
@@ -193,6 +191,8 @@ class RuntimeConfig:
     bridges: tuple[BridgeSettings, ...] = option(())
     auth: AuthSettings = option(factory=AuthSettings)
     log: LogSettings = option(factory=LogSettings)
+    #: None: no ``[http]`` table (no HTTP listener).
+    http: HTTPSettings | None = option(None)
     #: The file the config came from (None: the embedded default) ...
     config_path: str | None = option(None, internal=True)
     #: ... and the command-line flags that override it, re-applied on reload.
@@ -247,6 +247,13 @@ class RuntimeConfig:
         return config
 
 
+#: Settings classes the runtime's annotations name without importing them, by module.
+LAZY_SETTINGS: dict[str, str] = {
+    "BridgeSettings": "gateway.bridge.settings",
+    "HTTPSettings": "gateway.net.http_settings",
+}
+
+
 def _field_value(kind: type, f: Field[Any], data: Any) -> Any:
     """A field's value from JSON; its type hint is evaluated only when the value is
     a container (plain values need none, and every hint evaluated costs memory)."""
@@ -257,11 +264,10 @@ def _field_value(kind: type, f: Field[Any], data: Any) -> Any:
     hint = f.type
     if isinstance(hint, str):
         names = dict(vars(sys.modules[kind.__module__]))
-        if "BridgeSettings" in hint:
-            # Imported only when bridges are configured: it costs memory otherwise.
-            from gateway.bridge.settings import BridgeSettings
-
-            names["BridgeSettings"] = BridgeSettings
+        for name, module in LAZY_SETTINGS.items():
+            if name in hint:
+                # Imported only when its table is in the config: it costs memory otherwise.
+                names[name] = getattr(__import__(module, fromlist=[name]), name)
         hint = eval(hint, names)  # our own annotations, from our own module
     return from_data(hint, data)
 
@@ -365,13 +371,14 @@ def file_warnings(config: RuntimeConfig) -> list[str]:
             if path is not None:
                 files.setdefault(path, kind)
     http = config.http
-    for kind, path in (
-        ("password file", http.password_file),
-        ("token file", http.token_file),
-        ("TLS key", http.keyfile),
-    ):
-        if http.enabled and path is not None:
-            files.setdefault(path, kind)
+    if http is not None and http.enabled:
+        for kind, path in (
+            ("password file", http.password_file),
+            ("token file", http.token_file),
+            ("TLS key", http.keyfile),
+        ):
+            if path is not None:
+                files.setdefault(path, kind)
     warnings = []
     for path, kind in files.items():
         try:

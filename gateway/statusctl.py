@@ -134,8 +134,8 @@ def _target(args: argparse.Namespace) -> tuple[str, dict[str, str], ssl.SSLConte
             config = Config() if args.config is None else load_config(args.config)
         except ConfigError as exc:
             raise StatusError(str(exc), EXIT_CONFIG) from None
-        http = config.http
-        if not http.enabled:
+        http = config.to_runtime().http
+        if http is None or not http.enabled:
             where = args.config or "the default config"
             raise StatusError(
                 f"the HTTP listener is not enabled in {where}: set [http] enabled = true "
@@ -145,16 +145,16 @@ def _target(args: argparse.Namespace) -> tuple[str, dict[str, str], ssl.SSLConte
         host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(http.host, http.host)
         if ":" in host:
             host = f"[{host}]"
-        scheme = "https" if http.certfile is not None else "http"
+        scheme = "https" if http.https else "http"
         url = f"{scheme}://{host}:{http.port}"
         if (
             token_file is None
             and http.token_file is not None
             and os.access(http.token_file, os.R_OK)
         ):
-            token_file = http.token_file
+            token_file = Path(http.token_file)
         if http.certfile is not None and args.cafile is None:
-            pinned = str(http.certfile)
+            pinned = http.certfile
     url = url.rstrip("/")
     if not url.endswith("/api/status"):
         url += "/api/status"

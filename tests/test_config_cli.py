@@ -93,7 +93,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("# [[bridges.rules]]", BridgeRuleConfig),
     ("[auth]", AuthConfig),
     ("[log]", LogConfig),
-    ("[http]", HTTPConfig),
+    ("# [http]", HTTPConfig),
 ]
 
 
@@ -209,7 +209,8 @@ def test_an_http_token_must_be_long_enough(tmp_path: Path) -> None:
         parse_config(f"[http]\ntoken_file = '{short}'\n", "t.toml")
     short.write_text("  a-token-of-twenty-chars  \n# comment\n")
     config = parse_config(f"[http]\nenabled = true\ntoken_file = '{short}'\n", "t.toml")
-    assert config.to_runtime().http.token_file == str(short)
+    http = config.to_runtime().http
+    assert http is not None and http.token_file == str(short)
 
 
 def test_check_config_exit_codes(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -21,10 +22,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.support.certs import Certs, make_certs
+from tests.support.certs import Certs
 from tests.support.clients import Paho
 from tests.support.procs import LedgeProcess
 from tests.support.wait import wait_for
@@ -389,11 +391,6 @@ def test_an_open_listener_on_the_lan_is_warned_about(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- https
 
 
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
-    return make_certs(tmp_path_factory.mktemp("certs"))
-
-
 def test_https_with_the_listeners_tls_settings(tmp_path: Path, certs: Certs) -> None:
     proc = start(
         tmp_path,
@@ -427,6 +424,42 @@ def test_https_with_the_listeners_tls_settings(tmp_path: Path, certs: Certs) -> 
             sock.settimeout(5)
             with contextlib.suppress(ConnectionResetError):
                 assert not sock.recv(100).startswith(b"HTTP/")
+    finally:
+        assert proc.stop() == 0
+
+
+def test_sighup_serves_a_renewed_https_certificate_and_names_what_needs_a_restart(
+    tmp_path: Path, certs: Certs
+) -> None:
+    """The TLS options are the MQTT listeners': a reload reads the files again. The
+    listener's other options need a restart, and the log says which."""
+    cert = tmp_path / "server.crt"
+    key = tmp_path / "server.key"
+    cert.write_bytes(certs.server_cert.read_bytes())
+    key.write_bytes(certs.server_key.read_bytes())
+    key.chmod(0o600)
+    tls = f'certfile = "{cert}"\nkeyfile = "{key}"\n'
+    proc = start(tmp_path, HTTP_LIMITS + tls)
+
+    def served_cn() -> str:
+        context = ssl.create_default_context(cafile=str(certs.ca))
+        with (
+            socket.create_connection(("127.0.0.1", http_port(proc)), 5) as raw,
+            context.wrap_socket(raw, server_hostname="localhost") as sock,
+        ):
+            peer: Any = sock.getpeercert()
+            return str(dict(x[0] for x in peer["subject"])["commonName"])
+
+    try:
+        assert served_cn() == "ledge-server"
+        cert.write_bytes(certs.renewed_cert.read_bytes())
+        key.write_bytes(certs.renewed_key.read_bytes())
+        config = tmp_path / "ledge.toml"
+        config.write_text(config.read_text().replace("max_connections = 4", "max_connections = 5"))
+        proc.signal(signal.SIGHUP)
+        line = proc.wait_log("config reloaded", 20)
+        assert "restart needed for: http.max_connections" in line, line
+        assert served_cn() == "ledge-server-renewed"
     finally:
         assert proc.stop() == 0
 

@@ -1,32 +1,55 @@
 """Settings of the HTTP listener (``[http]``), as plain data: what the gateway runs with.
 
-Apart from ``gateway.net.http`` (imported only when the listener is enabled) so that the
-settings cost the default gateway nothing but this class.
+Apart from ``gateway.net.http`` and imported only when the config has an ``[http]``
+table, so that the default gateway carries none of it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+
+from gateway.broker.settings import option
+from gateway.net.settings import TLSOptions
 
 
 @dataclass(frozen=True, slots=True)
-class HTTPSettings:
-    """The HTTP listener of metrics and the status page (``[http]``; off by default)."""
+class HTTPSettings(TLSOptions):
+    """The HTTP listener of metrics and the status page (``[http]``; off by default).
+    With certfile and keyfile it serves HTTPS."""
 
-    enabled: bool = False
-    host: str = "127.0.0.1"
-    port: int = 9883
-    #: With certfile and keyfile: HTTPS, with the MQTT listeners' TLS options.
-    certfile: str | None = None
-    keyfile: str | None = None
-    cafile: str | None = None
-    require_certificate: bool = False
-    tls_version: str = "tlsv1.2"
+    enabled: bool = option(False)
+    host: str = option("127.0.0.1")
+    port: int = option(9883, ge=0, le=65535)
     #: Who may read: users of a mosquitto-format password file, a bearer token.
-    password_file: str | None = None
-    token_file: str | None = None
-    max_connections: int = 16
-    max_header_bytes: int = 8192
-    request_timeout: float = 10.0
-    keepalive_timeout: float = 5.0
-    max_requests: int = 100
+    password_file: str | None = option(None)
+    token_file: str | None = option(None)
+    max_connections: int = option(16, ge=1, le=1024)
+    max_header_bytes: int = option(8192, ge=1024, le=65536)
+    request_timeout: float = option(10.0, gt=0)
+    keepalive_timeout: float = option(5.0, gt=0)
+    max_requests: int = option(100, ge=1)
+
+    @property
+    def https(self) -> bool:
+        return self.certfile is not None
+
+    def reloaded(self, new: HTTPSettings) -> HTTPSettings:
+        """These settings with what a reload applies taken from ``new``: the TLS
+        options, as long as HTTPS stays on (switching it needs a restart)."""
+        if not (self.https and new.https):
+            return self
+        return replace(
+            self, **{f.name: getattr(new, f.name) for f in fields(self) if f.metadata.get("reload")}
+        )
+
+    def restart_needed(self, new: HTTPSettings) -> list[str]:
+        """The options whose change in ``new`` only a restart applies (switching HTTPS
+        on or off among them; the TLS files themselves are read again on reload)."""
+        names = [
+            f.name
+            for f in fields(self)
+            if not f.metadata.get("reload") and getattr(self, f.name) != getattr(new, f.name)
+        ]
+        if self.https != new.https:
+            names.append("certfile")
+        return names

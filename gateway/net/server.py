@@ -26,7 +26,7 @@ from gateway.net.endpoint import LINGER_SECONDS, Endpoint
 
 if TYPE_CHECKING:
     from gateway.broker.state import LoginAttempt
-    from gateway.net.tls import TLSSettings
+    from gateway.net.settings import TLSOptions
 
 log = logging.getLogger("ledge.net")
 
@@ -45,7 +45,7 @@ class ListenerSpec:
     kind: str = "tcp"
     #: The HTTP path of a WebSocket listener.
     path: str = "/mqtt"
-    tls: TLSSettings | None = None
+    tls: TLSOptions | None = None
 
     @property
     def label(self) -> str:

@@ -13,29 +13,22 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.net.endpoint import Endpoint, linger_close
 from gateway.net.layer import Layer, LayerTransport
 
+if TYPE_CHECKING:
+    from gateway.net.settings import TLSOptions
+
 log = logging.getLogger("ledge.net")
 
 
-@dataclass(frozen=True, slots=True)
-class TLSSettings:
-    """What a TLS listener is configured with (mosquitto's option names)."""
-
-    certfile: str
-    keyfile: str
-    cafile: str | None = None
-    require_certificate: bool = False
-    tls_version: str = "tlsv1.2"  # the minimum accepted
-
-
-def server_context(settings: TLSSettings) -> ssl.SSLContext:
+def server_context(settings: TLSOptions) -> ssl.SSLContext:
     """A server context: TLS 1.2 or newer, the certificate chain, and client
     certificates verified against ``cafile`` (required or optional)."""
+    if settings.certfile is None or settings.keyfile is None:
+        raise ValueError("TLS needs certfile and keyfile")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = (
         ssl.TLSVersion.TLSv1_3 if settings.tls_version == "tlsv1.3" else ssl.TLSVersion.TLSv1_2
