@@ -32,7 +32,7 @@ from gateway.metrics.view import (
     gauge,
 )
 from gateway.mqtt import MQTT_5, MQTT_311, Connect, Disconnect, Properties, Publish
-from gateway.runtime import SensorSettings, SerialSettings
+from gateway.runtime import GatewaySettings, RuntimeConfig, SerialSettings
 from gateway.sensors import SensorHub
 from gateway.taps import TapPlane
 from tests.support.harness import FakeClient, Harness
@@ -91,11 +91,12 @@ class World:
     def __init__(self) -> None:
         self.h = Harness(max_queued_messages=2)
         self.broker = self.h.broker
-        settings = SensorSettings(
-            "gw1", serial=(SerialSettings("env", "/dev/null-not-opened", protocol="kv"),)
-        )
-        self.hub = SensorHub(self.broker, settings, lambda: self.h.now, lambda: None)
-        self.taps = TapPlane(self.broker, lambda: self.h.now, lambda: None, [], queue_size=5)
+        settings = RuntimeConfig(
+            gateway=GatewaySettings("gw1"),
+            serial=(SerialSettings("env", "/dev/null-not-opened", protocol="kv"),),
+        ).sensors
+        self.hub = SensorHub(self.broker, settings, lambda: self.h.now)
+        self.taps = TapPlane(self.broker, lambda: self.h.now, [], queue_size=5)
         self.broker.sys_sources.append(self.hub.sys_values)
         self.broker.sys_sources.append(self.taps.sys_values)
         self.collector = Collector(
@@ -279,7 +280,6 @@ def test_bridge_values_are_labelled_by_bridge_and_reason() -> None:
     settings = BridgeSettings("cloud", (("127.0.0.1", 1),), (RuleSettings("#"),))
     bridge = Bridge(
         settings, gateway="gw1", prefix="ledge", broker=w.broker, sequence=Sequence(1),
-        kick=lambda: None,
     )  # fmt: skip
     bridge.outbox.stats.dropped_full = 4
     bridge.stats.rejected = 1
@@ -304,7 +304,6 @@ def test_promtool_accepts_the_whole_exposition(tmp_path: Path) -> None:
     settings = BridgeSettings("cloud", (("127.0.0.1", 1),), (RuleSettings("#"),))
     bridge = Bridge(
         settings, gateway="gw1", prefix="ledge", broker=w.broker, sequence=Sequence(1),
-        kick=lambda: None,
     )  # fmt: skip
     w.collector.register(BridgeSource([bridge]))
     text = w.collector.metrics()

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from gateway import __version__
-from gateway.broker.connection import State
+from gateway.broker.state import State
 from gateway.metrics.view import (
     BridgeStatus,
     DeviceStatus,
@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from gateway.bridge.link import Bridge
     from gateway.broker.core import Broker
     from gateway.net.http import Credentials, HTTPServer, Response
+    from gateway.net.http_settings import HTTPSettings
     from gateway.net.server import Server
     from gateway.runtime import RuntimeConfig, SensorSettings
     from gateway.sensors import SensorHub
@@ -688,7 +689,7 @@ class HomeAssistantGateway:
         self.state_topic = f"{base}/metrics"
         self._timer: asyncio.TimerHandle | None = None
 
-    def start(self, loop: asyncio.AbstractEventLoop, kick: Callable[[], None]) -> None:
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
         from drivers.homeassistant import gateway_sensor_configs
 
         s = self.settings
@@ -698,9 +699,9 @@ class HomeAssistantGateway:
             self.bridges, self.disk,
         ):  # fmt: skip
             self.client.publish(topic, payload, now, qos=1, retain=True)
-        self._publish(loop, kick)
+        self._publish(loop)
 
-    def _publish(self, loop: asyncio.AbstractEventLoop, kick: Callable[[], None]) -> None:
+    def _publish(self, loop: asyncio.AbstractEventLoop) -> None:
         from gateway.metrics.view import gateway_state
 
         window = max(1, round(self.interval / TICK))
@@ -712,8 +713,7 @@ class HomeAssistantGateway:
             qos=0,
             retain=True,
         )
-        kick()
-        self._timer = loop.call_later(self.interval, self._publish, loop, kick)
+        self._timer = loop.call_later(self.interval, self._publish, loop)
 
     def stop(self) -> None:
         if self._timer is not None:
@@ -772,10 +772,10 @@ async def start_metrics(
     metrics = Metrics(collector)
     collector.start(loop)
     http = config.http
-    if http.enabled:
+    if http is not None and http.enabled:
         from gateway.net.http import HTTPServer
 
-        metrics.http = HTTPServer(server, http, collector.respond, _credentials(config))
+        metrics.http = HTTPServer(server, http, collector.respond, _credentials(config, http))
         collector.register(HTTPSource(metrics.http))
         try:
             await metrics.http.listen()
@@ -793,7 +793,7 @@ async def start_metrics(
             store is not None,
             config.health_interval or 60.0,
         )
-        metrics.homeassistant.start(loop, server.after_event)
+        metrics.homeassistant.start(loop)
     return metrics
 
 
@@ -805,11 +805,10 @@ def _bound(listener: asyncio.Server) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _credentials(config: RuntimeConfig) -> Credentials:
+def _credentials(config: RuntimeConfig, http: HTTPSettings) -> Credentials:
     from gateway.broker.auth import PasswordAuthenticator, PasswordFileError, parse_password_file
     from gateway.net.http import Credentials, read_token
 
-    http = config.http
     where = config.config_path or "<command line>"
     users = None
     if http.password_file is not None:

@@ -40,7 +40,7 @@ import h11
 
 from gateway.broker.auth import PasswordAuthenticator, PasswordCheck
 from gateway.broker.logins import LoginThrottle, address_key
-from gateway.net.server import MAX_PENDING_HANDSHAKES, Endpoint, ListenerSpec, linger_close
+from gateway.net.endpoint import MAX_PENDING_HANDSHAKES, Endpoint, linger_close
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor
@@ -161,14 +161,16 @@ class HTTPEndpoint(Endpoint):
 
     __slots__ = ("stats",)
 
-    def __init__(self, spec: ListenerSpec, server: Server, stats: HTTPStats) -> None:
+    def __init__(self, server: HTTPServer) -> None:
         from gateway.net.tls import server_context
 
-        assert spec.tls is not None
-        super().__init__(spec, server_context(spec.tls))
-        self.stats = stats
+        shell = server.shell
+        super().__init__(
+            "http", "tls", "/", server_context(server.settings), shell.broker, shell.loop
+        )
+        self.stats = server.stats
 
-    def admit(self, transport: asyncio.Transport, server: Server) -> bool:
+    def admit(self, transport: asyncio.Transport) -> bool:
         if len(self.pending) >= MAX_PENDING_HANDSHAKES:
             self.stats.refused += 1
             transport.abort()
@@ -204,18 +206,13 @@ class HTTPServer:
     async def listen(self) -> list[tuple[str, int]]:
         s = self.settings
         factory: Callable[[], asyncio.Protocol]
-        if s.certfile is not None:
-            from gateway.net.tls import TLSProtocol, TLSSettings
+        if s.https:
+            from gateway.net.tls import TLSProtocol
 
-            assert s.keyfile is not None
-            tls = TLSSettings(s.certfile, s.keyfile, s.cafile, s.require_certificate, s.tls_version)
-            endpoint = HTTPEndpoint(
-                ListenerSpec(s.host, s.port, "http", "tls", tls=tls), self.shell, self.stats
-            )
-            self._endpoint = endpoint
+            endpoint = self._endpoint = HTTPEndpoint(self)
 
             def factory() -> asyncio.Protocol:
-                return TLSProtocol(self.shell, endpoint, HTTPProtocol(self))
+                return TLSProtocol(endpoint, HTTPProtocol(self))
         else:
 
             def factory() -> asyncio.Protocol:
@@ -225,7 +222,7 @@ class HTTPServer:
             factory, s.host, s.port, reuse_address=True, backlog=64
         )
         self.addresses = [sock.getsockname()[:2] for sock in self._listener.sockets]
-        scheme = "https" if s.certfile is not None else "http"
+        scheme = "https" if s.https else "http"
         for host, port in self.addresses:
             log.info("listening on %s:%d (%s)", host, port, scheme)
         if not self.credentials.required and s.host not in ("127.0.0.1", "::1", "localhost"):
@@ -249,6 +246,15 @@ class HTTPServer:
             await self._listener.wait_closed()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def update_tls(self, settings: HTTPSettings) -> None:
+        """New TLS options for an HTTPS listener (a reload): the files are read again,
+        so a renewed certificate serves the connections that come next."""
+        from gateway.net.tls import server_context
+
+        assert self._endpoint is not None
+        self._endpoint.context = server_context(settings)
+        self.settings = settings
 
     def count(self, status: int) -> None:
         self.stats.responses[status] = self.stats.responses.get(status, 0) + 1
