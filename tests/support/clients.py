@@ -158,6 +158,11 @@ class Paho:
     def disconnect(self) -> None:
         self.client.disconnect()
         self.client.loop_stop()
+        # paho keeps its wake-up socket pair until the client object is collected; in a
+        # reference cycle (the callbacks point back here) the collector may finalize the
+        # sockets before the client closes them (an "unclosed socket" warning): close
+        # them now, the loop thread being over.
+        self.client._reset_sockets(sockpair_only=True)
 
     def kill(self) -> None:
         """Break the connection without DISCONNECT (so the will fires)."""
