@@ -361,24 +361,24 @@ def file_warnings(config: RuntimeConfig) -> list[str]:
     group or everyone may read (mosquitto warns the same way)."""
     import stat
 
-    files: dict[str, str] = {}
+    secrets: list[tuple[str, str | None]] = []
     for listener in config.listeners:
-        for kind, path in (
+        secrets += [
             ("password file", listener.password_file),
             ("ACL file", listener.acl_file),
             ("TLS key", listener.keyfile),
-        ):
-            if path is not None:
-                files.setdefault(path, kind)
+        ]
     http = config.http
     if http is not None and http.enabled:
-        for kind, path in (
+        secrets += [
             ("password file", http.password_file),
             ("token file", http.token_file),
             ("TLS key", http.keyfile),
-        ):
-            if path is not None:
-                files.setdefault(path, kind)
+        ]
+    files: dict[str, str] = {}
+    for kind, path in secrets:
+        if path is not None:
+            files.setdefault(path, kind)
     warnings = []
     for path, kind in files.items():
         try:

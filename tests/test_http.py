@@ -26,6 +26,8 @@ from typing import Any
 
 import pytest
 
+from gateway.net.http_settings import HTTPSettings
+from gateway.runtime import RuntimeConfig, file_warnings
 from tests.support.certs import Certs
 from tests.support.clients import Paho
 from tests.support.procs import LedgeProcess
@@ -462,6 +464,18 @@ def test_sighup_serves_a_renewed_https_certificate_and_names_what_needs_a_restar
         assert served_cn() == "ledge-server-renewed"
     finally:
         assert proc.stop() == 0
+
+
+def test_readable_http_secrets_are_warned_about_while_the_listener_is_on(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("a-token-of-twenty-chars\n")
+    token.chmod(0o644)
+    on = RuntimeConfig(http=HTTPSettings(enabled=True, token_file=str(token)))
+    assert file_warnings(on) == [
+        f"token file {token} can be read by its group or others (mode 0644): chmod 600 it"
+    ]
+    assert file_warnings(RuntimeConfig(http=HTTPSettings(token_file=str(token)))) == []
+    assert file_warnings(RuntimeConfig()) == []
 
 
 # ----------------------------------------------------------------------------- cost
