@@ -62,12 +62,26 @@ def unmarked(text: Column) -> Column:
     return F.regexp_replace(bare, _MARKED_STRING, '"$1"')
 
 
+#: One flat JSON object and nothing after it: what gateways send, recognised by one
+#: regular expression (no nesting), so the costlier length check runs only for the rest.
+_WS: Final = r"[ \t\n\r]*+"
+_TOKEN: Final = r'"(?:[^"\\]++|\\.)*+"'
+_SCALAR: Final = (
+    rf"(?:{_TOKEN}|-?(?:0|[1-9]\d*+)(?:\.\d++)?(?:[eE][-+]?\d++)?|true|false|null"
+    r"|NaN|-?Infinity)"
+)
+_MEMBER: Final = rf"{_TOKEN}{_WS}:{_WS}{_SCALAR}{_WS}"
+_FLAT: Final = rf"^{_WS}\{{{_WS}(?:{_MEMBER}(?:,{_WS}{_MEMBER})*+)?\}}{_WS}\z"
+
+
 def _single_value(text: Column) -> Column:
     """True when ``text`` holds one JSON value and nothing after it (see the module doc);
-    null when it is not JSON at all. Only the shape is checked here."""
+    null when it is not JSON at all. Only the shape is checked here: the parse checks
+    the rest (string contents, numbers)."""
     # Python's three non-numbers become null; Spark's other spellings stay and fail.
     plain = F.regexp_replace(text, "-?Infinity|NaN", "null")
-    return F.json_array_length(F.concat(F.lit("["), plain, F.lit("]"))) == 1
+    length = F.json_array_length(F.concat(F.lit("["), plain, F.lit("]")))
+    return F.when(text.rlike(_FLAT), F.lit(True)).otherwise(length == 1)
 
 
 def last_wins(fields: Column) -> Column:
@@ -136,7 +150,7 @@ def number_of(raw: Column) -> Column:
         F.when(raw == _NON_FINITE[0], F.lit(float("nan")))
         .when(raw == _NON_FINITE[1], F.lit(float("inf")))
         .when(raw == _NON_FINITE[2], F.lit(float("-inf")))
-        .otherwise(raw.try_cast("double"))
+        .when(kind_of(raw) == "number", raw.try_cast("double"))
     )
 
 
@@ -152,7 +166,7 @@ def scalar_object(raw: Column) -> Column:
 #: ``datetime.isoformat()``'s own shape with values Spark's cast reads the same way.
 _FAST_ISO: Final = (
     r"^(?!0000)\d{4}-\d{2}-\d{2}T(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{6})?"
-    r"(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)\z"
+    r"(?:Z|[+-](?:0\d|1[0-7]):[0-5]\d)\z"
 )
 #: CPython 3.11 ``_parse_hh_mm_ss_ff`` where an offset follows: its result may then be 1
 #: (one stray character after a component, anything after six fraction digits).
@@ -248,8 +262,14 @@ def _with_date(frame: DataFrame, text: str, out: str) -> DataFrame:
     g = [F.lit(None)] + [F.col(f"{out}_{i}") for i in range(1, 10)]
     year, month, day = g[1], F.coalesce(g[2], g[4]), F.coalesce(g[3], g[5])
     week, weekday = F.coalesce(g[6], g[8]), F.coalesce(g[7], g[9], F.lit(1))
-    calendar = F.try_to_date(F.format_string("%04d-%02d-%02d", year, month, day), "yyyy-MM-dd")
-    jan1 = F.try_to_date(F.format_string("%04d-01-01", year), "yyyy-MM-dd")
+    # (only well-formed text reaches a try_ conversion: a failed one costs an exception)
+    calendar = F.when(
+        year.isNotNull() & month.between(1, 12) & day.between(1, 31),
+        F.try_to_date(F.format_string("%04d-%02d-%02d", year, month, day), "yyyy-MM-dd"),
+    )
+    jan1 = F.when(
+        year.isNotNull(), F.try_to_date(F.format_string("%04d-01-01", year), "yyyy-MM-dd")
+    )
     leap = ((year % 4 == 0) & (year % 100 != 0)) | (year % 400 == 0)
     thursday, wednesday = 5, 4  # F.dayofweek: 1 = Sunday
     long_year = (F.dayofweek(jan1) == thursday) | (leap & (F.dayofweek(jan1) == wednesday))
@@ -324,9 +344,11 @@ def with_timestamp(frame: DataFrame, text: str, out: str) -> DataFrame:
         & time_valid
         & (F.abs(offset_us) < _MAX_OFFSET_SECONDS * 1_000_000)
     )
-    frame = frame.select("*", F.when(slow_ok, F.timestamp_micros(local_us - offset_us)).alias(
-        f"{out}_slow"
-    ), F.coalesce(valid_naive, F.lit(False)).alias(f"{out}_vn"))
+    frame = frame.select(
+        "*",
+        F.when(slow_ok, F.timestamp_micros(local_us - offset_us)).alias(f"{out}_slow"),
+        F.coalesce(valid_naive, F.lit(False)).alias(f"{out}_vn"),
+    )
     instant = F.when(F.col(f"{out}_fast"), src.try_cast("timestamp")).otherwise(
         F.col(f"{out}_slow")
     )
@@ -338,7 +360,7 @@ def with_timestamp(frame: DataFrame, text: str, out: str) -> DataFrame:
     naive = F.when(F.col(f"{out}_fast"), F.lit(False)).otherwise(F.col(f"{out}_vn"))
     helpers = [c for c in frame.columns if c.startswith(f"{out}_")]
     return frame.select(
-        "*", F.when(in_range, instant).alias(out), F.coalesce(naive, F.lit(False)).alias(
-            f"{out}_naive"
-        )
+        "*",
+        F.when(in_range, instant).alias(out),
+        F.coalesce(naive, F.lit(False)).alias(f"{out}_naive"),
     ).drop(*helpers)

@@ -114,9 +114,7 @@ def marks(lines: DataFrame) -> DataFrame:
     b64_ok = F.col("_b64_ok")
     lines = lines.select(
         "*",
-        F.try_validate_utf8(F.unbase64(F.when(b64_ok, b64_text)).cast("string")).alias(
-            "_b64_utf8"
-        ),
+        F.try_validate_utf8(F.unbase64(F.when(b64_ok, b64_text)).cast("string")).alias("_b64_utf8"),
     )
     b64_utf8 = F.col("_b64_utf8")
 
@@ -191,9 +189,9 @@ def marks(lines: DataFrame) -> DataFrame:
         # undecodable bytes of an envelope: the same verdict as a non-UTF-8 payload
         (is_envelope & inner.isNull() & b64_ok & b64_utf8.isNull()).alias("_not_utf8"),
         # what copies are compared by: the landing record's own content
-        F.concat_ws("\x00", "topic", F.coalesce(text, F.lit("")), "payload_base64").alias(
-            "_content"
-        ),
+        F.col("topic").alias("_c_topic"),
+        text.alias("_c_payload"),
+        F.col("payload_base64").alias("_c_b64"),
         reason.alias("reason"),
     ).withColumn("seq", F.when(F.col("reason").isNull(), F.col("seq_text").cast("long")))
 
@@ -318,8 +316,7 @@ def _parse(messages: DataFrame, cfg: PipelineConfig) -> DataFrame:
         *count_problem("dropped", required=True),
         *count_problem("queued", required=False),
         (
-            _has(f, "uptime")
-            & ((P.kind_of(uptime) != "number") | ~(P.number_of(uptime) >= 0)),
+            _has(f, "uptime") & ((P.kind_of(uptime) != "number") | ~(P.number_of(uptime) >= 0)),
             "health uptime must be a number, 0 or more",
         ),
     )
@@ -350,7 +347,7 @@ def _parse(messages: DataFrame, cfg: PipelineConfig) -> DataFrame:
     parsed = parsed.select("*", reason.alias("_reason"))
     reason = F.col("_reason")
     out = parsed.select(
-        *[c for c in messages.columns if c != "reason"],
+        *[c for c in messages.columns if c not in ("reason", "body")],
         kind_of.alias("_kind"),
         reason,
         F.get(lv, 0).alias("gateway"),
@@ -422,21 +419,23 @@ def deduplicate(judged: DataFrame) -> DataFrame:
         F.when(marked, F.col("seq")),
         F.when(marked, acceptable),
         F.when(marked, F.when(acceptable, F.col("day")).otherwise(F.col("landing_date"))),
-        # (unmarked lines are spread by file and content; each is kept on its own)
+        # (unmarked lines are spread by file; each is kept on its own)
         F.when(~marked, F.col("file")),
-        F.when(~marked, F.col("_content")),
     ]
+    content = ("_c_topic", "_c_payload", "_c_b64")
     # A hash completes the order cheaply; copies are told apart by the content itself.
-    digest = F.xxhash64("_content")
+    digest = F.xxhash64(*[F.concat(F.lit("<"), F.col(c)) for c in content])
     in_order = Window.partitionBy(*group).orderBy("received", "file", digest)
     everyone = Window.partitionBy(*group)
     ranked = judged.select(
         "*",
         F.row_number().over(in_order).alias("_rank"),
-        F.first("_content").over(in_order).alias("_first_content"),
+        *[F.first(c).over(in_order).alias(f"_first{c}") for c in content],
         F.first("received").over(in_order).alias("_first_received"),
     )
-    same = F.col("_content") == F.col("_first_content")
+    same = F.lit(True)
+    for c in content:
+        same = same & F.col(c).eqNullSafe(F.col(f"_first{c}"))
     counted = ranked.select("*", F.sum(same.cast("int")).over(everyone).alias("_copies"))
     conflict = F.format_string(
         f"{SEQUENCE_PROPERTY} %d of gateway '%s' was already used by another message "
