@@ -137,7 +137,7 @@ def read_events(path: Path) -> tuple[int, int, list[tuple[float, str]]]:
     """(stages that read landing JSON, landing lines they read, slowest stages)."""
     scans = lines = 0
     stages: list[tuple[float, str]] = []
-    parts = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    parts = sorted(path.glob("events_*")) if path.is_dir() else [path]
     for part in parts:
         for raw in part.read_text().splitlines():
             event = json.loads(raw)
