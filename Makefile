@@ -1,6 +1,6 @@
 # Convenience targets; each sets up what it needs first (scripts/setup).
 ITERATIONS ?= 200
-ROWS ?= 1000000
+PIPELINE_LINES ?= 250000 1000000 4000000
 FUZZ_SECONDS ?= 600
 
 .PHONY: run test bench bench-quick bench-serial bench-bridge crash-test pipeline-bench fuzz
@@ -29,9 +29,9 @@ bench-bridge:   ## the bridge's outbox during an outage and its replay to Mosqui
 	scripts/setup --test
 	.venv/bin/python -m bench.bridge
 
-pipeline-bench: ## pipeline silver and gold rows/s over 1M generated rows on local[2], DuckDB beside it
+pipeline-bench: ## ledge-pipeline run on local[2] (fresh JVM) at 0.25M, 1M and 4M landing lines, DuckDB beside it
 	scripts/setup --test
-	.venv/bin/python -m bench.pipeline --rows $(ROWS)
+	.venv/bin/python -m bench.pipeline $(addprefix --lines ,$(PIPELINE_LINES))
 
 fuzz:           ## coverage-guided fuzzing of codec, codec hot paths, connection state machine and WebSocket reader, FUZZ_SECONDS per target
 	scripts/setup --test
