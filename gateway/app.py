@@ -153,7 +153,7 @@ class Gateway:
         assert self.broker is not None and self.server is not None
         server = self.server
         config = self.config
-        if config.sensors.serial or config.sensors.homeassistant:
+        if config.sensors.serial or config.sensors.homeassistant or config.sensors.ble:
             # Imported here: a gateway without sensors never loads the drivers.
             from gateway.sensors import SensorHub
 
@@ -242,6 +242,8 @@ class Gateway:
             "queued": sum(b.outbox.count for b in self.bridges),
             "uptime": round(loop.time() - broker.started, 3),
         }
+        if self.sensors is not None:
+            body.update(self.sensors.health())
         self._drops_reported = dropped
         sensors = self.config.sensors
         broker.publish_local(

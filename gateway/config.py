@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+import drivers.ble.settings
 from gateway.bridge.rules import rule_errors
 from gateway.bridge.settings import BridgeSettings, OutboxSettings, RuleSettings, TlsSettings
 from gateway.broker.settings import NEVER_EXPIRES, BrokerSettings
@@ -271,6 +272,202 @@ class SerialConfig(_Model):
         return value
 
 
+# ----------------------------------------------------------------------- BLE
+# [bluetooth] (the adapter and its scanner) and [[ble]] (devices); see drivers.ble.
+
+
+_BLE_ADDRESS = re.compile(r"^[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}$")
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+_BLE_ADVERT_FORMATS = (
+    "auto", "bthome", "pvvx", "atc1441", "mibeacon", "ruuvi", "govee", "inkbird", "switchbot",
+    "ibeacon", "eddystone",
+)  # fmt: skip
+_BLE_GATT_FORMATS = ("gatt", "lywsd03mmc")
+
+
+def _gatt_uuid(value: str | None) -> str | None:
+    """A characteristic UUID: 128-bit form, or a 16-bit SIG one as 4 hex digits."""
+    if value is None:
+        return None
+    if re.fullmatch(r"(0x)?[0-9a-fA-F]{4}", value):
+        return f"0000{value[-4:].lower()}-0000-1000-8000-00805f9b34fb"
+    if not _UUID.match(value):
+        raise ValueError(f"{value!r} is not a UUID (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx or 2a19)")
+    return value.lower()
+
+
+class GattFieldConfig(_Model):
+    quantity: str = Field(min_length=1)
+    type: Literal[
+        "uint8", "int8", "uint16", "int16", "uint16be", "int16be", "uint24", "int24",
+        "uint32", "int32", "uint32be", "int32be", "float32", "float16", "bool", "utf8", "hex",
+    ] = "uint8"  # fmt: skip
+    start: int = Field(0, ge=0, le=511)
+    scale: float = 1.0
+    offset: float = 0.0
+    unit: str = ""
+
+
+class GattCharacteristicConfig(_Model):
+    uuid: str
+    mode: Literal["read", "notify"] = "read"
+    fields: list[GattFieldConfig] = Field(min_length=1)
+
+    _uuid = field_validator("uuid")(_gatt_uuid)
+
+
+class BleDeviceConfig(_Model):
+    """One ``[[ble]]`` device."""
+
+    name: str = Field(min_length=1, json_schema_extra=_reload(False))
+    address: str | None = Field(None, json_schema_extra=_reload(False))
+    beacon: str | None = Field(None, json_schema_extra=_reload(False))
+    format: Literal[_BLE_ADVERT_FORMATS + _BLE_GATT_FORMATS] = Field(  # type: ignore[valid-type]
+        "auto", json_schema_extra=_reload(False)
+    )
+    bindkey: str | None = Field(None, json_schema_extra=_reload(False))
+    fields: dict[str, FieldConfig] = Field(default_factory=dict, json_schema_extra=_reload(False))
+    only_mapped: bool = Field(False, json_schema_extra=_reload(False))
+    min_interval: float | None = Field(None, ge=0, json_schema_extra=_reload(False))
+    heartbeat: float | None = Field(None, ge=0, json_schema_extra=_reload(False))
+    away_after: float | None = Field(None, gt=0, json_schema_extra=_reload(False))
+    presence: bool | None = Field(None, json_schema_extra=_reload(False))
+    rssi: bool = Field(True, json_schema_extra=_reload(False))
+    characteristics: list[GattCharacteristicConfig] = Field(
+        default_factory=list, json_schema_extra=_reload(False)
+    )
+    poll_interval: float = Field(300.0, gt=0, json_schema_extra=_reload(False))
+    keep_connected: bool = Field(False, json_schema_extra=_reload(False))
+    command_uuid: str | None = Field(None, json_schema_extra=_reload(False))
+    command_response: bool = Field(True, json_schema_extra=_reload(False))
+
+    _command_uuid = field_validator("command_uuid")(_gatt_uuid)
+
+    @field_validator("name")
+    @classmethod
+    def _topic_level(cls, value: str) -> str:
+        if set(value) & set("/+#$ \x00") or value == "adapter":
+            raise ValueError("must not contain '/', '+', '#', '$' or spaces, nor be 'adapter'")
+        return value
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if value is not None and not _BLE_ADDRESS.match(value):
+            raise ValueError(f"{value!r} is not a Bluetooth address like A4:C1:38:12:34:56")
+        return None if value is None else value.upper()
+
+    @field_validator("bindkey")
+    @classmethod
+    def _bindkey(cls, value: str | None) -> str | None:
+        if value is not None:
+            from drivers.parsers.ble.ccm import parse_key
+
+            parse_key(value)
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BleDeviceConfig:
+        gatt = self.format in _BLE_GATT_FORMATS
+        if (self.address is None) == (self.beacon is None):
+            raise ValueError("give the device's address, or (for a beacon) its beacon identity")
+        if self.beacon is not None and self.format not in ("auto", "ibeacon", "eddystone"):
+            raise ValueError("beacon applies to formats 'ibeacon' and 'eddystone'")
+        if self.bindkey is not None and self.format not in ("auto", "bthome", "mibeacon"):
+            raise ValueError("bindkey applies to formats 'bthome' and 'mibeacon'")
+        if self.format == "gatt" and not self.characteristics and self.command_uuid is None:
+            raise ValueError("format 'gatt' needs characteristics or a command_uuid")
+        if self.characteristics and not gatt:
+            raise ValueError("characteristics apply to formats 'gatt' and 'lywsd03mmc'")
+        if self.command_uuid is not None and not gatt:
+            raise ValueError("command_uuid applies to formats 'gatt' and 'lywsd03mmc'")
+        if gatt and self.address is None:
+            raise ValueError("a GATT device needs its address")
+        return self
+
+
+class BluetoothConfig(_Model):
+    """``[bluetooth]``: the adapter, its scanner and the watchdog."""
+
+    adapter: str = Field("hci0", pattern=r"^hci[0-9]+$", json_schema_extra=_reload(False))
+    scanning: Literal["auto", "passive", "active"] = Field("auto", json_schema_extra=_reload(False))
+    watchdog: float = Field(60.0, ge=0, json_schema_extra=_reload(False))
+    watchdog_backoff_max: float = Field(300.0, gt=0, json_schema_extra=_reload(False))
+    queue_size: int = Field(1000, ge=1, json_schema_extra=_reload(False))
+    max_devices: int = Field(256, ge=1, json_schema_extra=_reload(False))
+    any_bthome: bool = Field(False, json_schema_extra=_reload(False))
+    allow: list[str] = Field(default_factory=list, json_schema_extra=_reload(False))
+    gatt_concurrency: int = Field(1, ge=1, le=8, json_schema_extra=_reload(False))
+    gatt_timeout: float = Field(20.0, gt=0, json_schema_extra=_reload(False))
+    reconnect_min: float = Field(1.0, gt=0, json_schema_extra=_reload(False))
+    reconnect_max: float = Field(300.0, gt=0, json_schema_extra=_reload(False))
+    min_interval: float = Field(10.0, ge=0, json_schema_extra=_reload(False))
+    heartbeat: float = Field(300.0, ge=0, json_schema_extra=_reload(False))
+    away_after: float = Field(300.0, gt=0, json_schema_extra=_reload(False))
+
+    @field_validator("allow")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        for i, pattern in enumerate(value):
+            if not re.fullmatch(r"[0-9A-Fa-f:*?]+", pattern):
+                raise ValueError(f"entry {i} ({pattern!r}) is not an address pattern (A4:C1:38:*)")
+        return value
+
+
+def ble_device_names(value: list[BleDeviceConfig]) -> list[BleDeviceConfig]:
+    names = [d.name for d in value]
+    for name in names:
+        if names.count(name) > 1:
+            raise ValueError(f"two BLE devices are named {name!r}")
+    return value
+
+
+def ble_settings(
+    section: BluetoothConfig, devices: list[BleDeviceConfig]
+) -> drivers.ble.settings.BleSettings | None:
+    """The BLE settings, or None when no BLE device is configured (bleak never loads)."""
+    if not devices and not section.any_bthome:
+        return None
+    from drivers.ble.settings import (
+        BleDevice,
+        FieldMapping,
+        GattCharacteristic,
+        GattField,
+    )
+
+    def device(d: BleDeviceConfig) -> BleDevice:
+        return BleDevice(
+            name=d.name,
+            address=d.address or "",
+            beacon=d.beacon or "",
+            format=d.format,
+            bindkey=d.bindkey,
+            fields={k: FieldMapping(**f.model_dump()) for k, f in d.fields.items()},
+            only_mapped=d.only_mapped,
+            min_interval=section.min_interval if d.min_interval is None else d.min_interval,
+            heartbeat=section.heartbeat if d.heartbeat is None else d.heartbeat,
+            away_after=section.away_after if d.away_after is None else d.away_after,
+            presence=d.format in ("ibeacon", "eddystone") or d.beacon is not None
+            if d.presence is None
+            else d.presence,
+            rssi=d.rssi,
+            characteristics=tuple(
+                GattCharacteristic(
+                    c.uuid, c.mode, tuple(GattField(**f.model_dump()) for f in c.fields)
+                )
+                for c in d.characteristics
+            ),
+            poll_interval=d.poll_interval,
+            keep_connected=d.keep_connected,
+            command_uuid=d.command_uuid,
+            command_response=d.command_response,
+        )
+
+    values = section.model_dump()
+    values["allow"] = tuple(values["allow"])
+    return drivers.ble.settings.BleSettings(**values, devices=tuple(device(d) for d in devices))
+
+
 class HomeAssistantConfig(_Model):
     enabled: bool = Field(False, json_schema_extra=_reload(False))
     discovery_prefix: str = Field("homeassistant", min_length=1, json_schema_extra=_reload(False))
@@ -452,6 +649,8 @@ class Config(_Model):
     serial: list[SerialConfig] = Field(default_factory=list, json_schema_extra=_reload(False))
     homeassistant: HomeAssistantConfig = Field(default_factory=HomeAssistantConfig)
     taps: TapsConfig = Field(default_factory=TapsConfig)
+    bluetooth: BluetoothConfig = Field(default_factory=BluetoothConfig)
+    ble: list[BleDeviceConfig] = Field(default_factory=list, json_schema_extra=_reload(False))
     bridges: list[BridgeConfig] = Field(default_factory=list, json_schema_extra=_reload(False))
 
     @field_validator("serial")
@@ -462,6 +661,8 @@ class Config(_Model):
             if names.count(name) > 1:
                 raise ValueError(f"two serial devices are named {name!r}")
         return value
+
+    _ble_names = field_validator("ble")(ble_device_names)
 
     @field_validator("bridges")
     @classmethod
@@ -507,6 +708,7 @@ class Config(_Model):
                 ),
                 homeassistant=self.homeassistant.enabled,
                 discovery_prefix=self.homeassistant.discovery_prefix,
+                ble=ble_settings(self.bluetooth, self.ble),
             ),
             taps=TapSettings(self.taps.module, self.taps.queue_size),
             bridges=tuple(b.to_settings() for b in self.bridges),

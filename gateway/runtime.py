@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from drivers.ble.settings import BleSettings
 from gateway.bridge.settings import BridgeSettings, OutboxSettings, RuleSettings, TlsSettings
 from gateway.broker.auth import (
     ListenerPolicy,
@@ -102,6 +103,7 @@ class SensorSettings:
     serial: tuple[SerialSettings, ...] = ()
     homeassistant: bool = False
     discovery_prefix: str = "homeassistant"
+    ble: BleSettings | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +174,8 @@ def _sensor_settings(data: dict[str, Any]) -> SensorSettings:
         )
         for s in data["serial"]
     )
-    return SensorSettings(**{**data, "serial": serial})
+    ble = BleSettings.from_dict(data["ble"]) if data.get("ble") is not None else None
+    return SensorSettings(**{**data, "serial": serial, "ble": ble})
 
 
 def _bridge_settings(data: dict[str, Any]) -> BridgeSettings:

@@ -1,0 +1,149 @@
+"""One advertising device's decoding state: duplicates, replayed counters, decryption
+failures. Pure: time is an argument.
+
+BlueZ reports a device's advertisement data as properties that it merges: every
+advert (even one that only changed the RSSI) arrives with the last service and
+manufacturer data. So an element whose bytes equal the last ones is a repeat and is
+not decoded again; a packet id seen within ``PACKET_WINDOW`` seconds is a repeat too
+(BTHome devices send each packet several times).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+from drivers.parsers import Sample
+from drivers.parsers.ble import FORMATS, Format, elements, recognise
+from drivers.parsers.ble.base import AdvertError, Context
+
+#: A packet id repeated within this many seconds is the same packet (bthome-ble's rule).
+PACKET_WINDOW: Final = 4.0
+#: Authenticated packets with growing counters below the last accepted one that make
+#: Ledge accept that the device restarted its counter (a battery change).
+COUNTER_RESET_CONFIRMATIONS: Final = 3
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one advert gave: samples (events among them), problems to count and log,
+    and how many elements were repeats."""
+
+    samples: list[Sample] = field(default_factory=list)
+    events: frozenset[str] = frozenset()
+    problems: list[AdvertError] = field(default_factory=list)
+    repeats: int = 0
+    identity: str | None = None
+
+
+class DeviceDecoder:
+    """Decodes one device's adverts in the format it speaks (found on first sight when
+    not configured)."""
+
+    __slots__ = (
+        "_failures",
+        "_last",
+        "_packet",
+        "_packet_at",
+        "_reset_votes",
+        "counter",
+        "ctx",
+        "format",
+        "pinned",
+    )
+
+    def __init__(self, ctx: Context, fmt: Format | None = None) -> None:
+        self.ctx = ctx
+        self.format = fmt
+        self.pinned = fmt is not None
+        self._last: dict[str | int, bytes] = {}
+        self._packet: int | None = None
+        self._packet_at = 0.0
+        self.counter: int | None = None
+        self._failures = 0
+        self._reset_votes: list[int] = []
+
+    def feed(
+        self,
+        service_data: Mapping[str, bytes],
+        manufacturer_data: Mapping[int, bytes],
+        name: str,
+        now: float,
+    ) -> Outcome | None:
+        """The samples of one advert; None when it carries nothing of the device's format."""
+        ctx = self.ctx
+        ctx.name = name
+        fmt = self.format
+        if fmt is None:
+            fmt = self.format = recognise(service_data, manufacturer_data, ctx)
+            if fmt is None:
+                return None
+        out: Outcome | None = None
+        for source, company, data in elements(fmt, service_data, manufacturer_data):
+            if out is None:
+                out = Outcome()
+            key = company if source.kind == "any_company" else source.key
+            if self._last.get(key) == data:
+                out.repeats += 1
+                continue
+            self._last[key] = data
+            ctx.company_id = company
+            try:
+                decoded = source.decode(data, ctx)
+            except AdvertError as exc:
+                if exc.reason == "wrong_key":
+                    self._failures += 1
+                    if self._failures == 1:
+                        # One failure is tolerated before it is reported: a corrupted
+                        # advert fails the MIC like a wrong key does (bthome-ble #107).
+                        exc = AdvertError("decrypt_retry", exc.detail, exc.offset)
+                out.problems.append(exc)
+                continue
+            if decoded.counter is not None and not self._counter_ok(decoded.counter, out):
+                continue
+            self._failures = 0
+            if decoded.packet_id is not None:
+                if decoded.packet_id == self._packet and now - self._packet_at < PACKET_WINDOW:
+                    out.repeats += 1
+                    continue
+                self._packet = decoded.packet_id
+                self._packet_at = now
+            out.samples.extend(decoded.samples)
+            if decoded.events:
+                out.events = out.events | decoded.events
+            if decoded.identity is not None:
+                out.identity = decoded.identity
+            if decoded.problem is not None:
+                out.problems.append(decoded.problem)
+        return out
+
+    def _counter_ok(self, counter: int, out: Outcome) -> bool:
+        """Replay protection: an encryption counter must grow. A run of authenticated
+        packets with growing counters below the last one is a device that restarted."""
+        last = self.counter
+        if last is None or counter > last:
+            self.counter = counter
+            self._reset_votes.clear()
+            return True
+        votes = self._reset_votes
+        if counter != last and (not votes or counter > votes[-1]):
+            votes.append(counter)
+            if len(votes) >= COUNTER_RESET_CONFIRMATIONS:
+                self.counter = counter
+                votes.clear()
+                out.problems.append(
+                    AdvertError("counter_reset", f"encryption counter restarted at {counter}", 0)
+                )
+                return True
+        else:
+            votes.clear()
+        out.problems.append(
+            AdvertError("replay", f"encryption counter {counter} is not above {last}", 0)
+        )
+        return False
+
+
+def format_named(name: str) -> Format | None:
+    """The format of a configured name; None for ``auto``."""
+    return None if name == "auto" else FORMATS[name]
