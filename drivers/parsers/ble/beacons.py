@@ -71,7 +71,7 @@ def decode_eddystone(data: bytes, ctx: Context) -> Decoded:
         )
     if frame == 0x10:  # URL
         if len(data) < 3 or data[2] >= len(URL_SCHEMES):
-            raise AdvertError("malformed", "URL frame without a valid scheme", 2)
+            raise AdvertError("malformed", "URL frame without a valid scheme", min(2, len(data)))
         url = URL_SCHEMES[data[2]]
         for i, b in enumerate(data[3:], start=3):
             if b < len(URL_EXPANSIONS):
