@@ -96,12 +96,12 @@ def bthome(
     out = {}
     values = _values(update)
     values.pop("packet_id", None)  # Ledge's decoders hand it over separately
-    for key, v in values.items():
-        base, _, n = key.rpartition("_")
+    for label_in, v in values.items():
+        base, _, n = label_in.rpartition("_")
         label = (
             f"{BTHOME_NAMES.get(base, base)}_{n}"
             if n.isdigit() and base
-            else BTHOME_NAMES.get(key, key)
+            else BTHOME_NAMES.get(label_in, label_in)
         )
         out[label] = v.isoformat() if isinstance(v, datetime) else v
     for key_, event in update.events.items():
