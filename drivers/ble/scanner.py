@@ -59,9 +59,9 @@ class BlueZ:
             f"type='signal',interface='org.freedesktop.DBus',member='NameOwnerChanged',"
             f"arg0='{BLUEZ}'",
             f"type='signal',interface='{OBJECT_MANAGER_IFACE}',member='InterfacesAdded',"
-            f"arg0path='{self.path}/'",
+            "arg0path='/org/bluez/'",
             f"type='signal',interface='{OBJECT_MANAGER_IFACE}',member='InterfacesRemoved',"
-            f"arg0path='{self.path}/'",
+            "arg0path='/org/bluez/'",
         ):
             await self._call(bus, "org.freedesktop.DBus", "/org/freedesktop/DBus",
                              "org.freedesktop.DBus", "AddMatch", "s", [rule])  # fmt: skip

@@ -127,8 +127,11 @@ class DeviceDecoder:
             self._reset_votes.clear()
             return True
         votes = self._reset_votes
-        if counter != last and (not votes or counter > votes[-1]):
-            votes.append(counter)
+        if counter != last:
+            if votes and counter > votes[-1]:
+                votes.append(counter)
+            else:
+                votes[:] = [counter]  # a new run starts here
             if len(votes) >= COUNTER_RESET_CONFIRMATIONS:
                 self.counter = counter
                 votes.clear()
@@ -136,8 +139,6 @@ class DeviceDecoder:
                     AdvertError("counter_reset", f"encryption counter restarted at {counter}", 0)
                 )
                 return True
-        else:
-            votes.clear()
         out.problems.append(
             AdvertError("replay", f"encryption counter {counter} is not above {last}", 0)
         )

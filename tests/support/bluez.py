@@ -9,10 +9,12 @@ and ``bluez`` (a fresh fake bluetoothd with adapter hci0 per test).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +79,8 @@ class FakeBlueZ:
         return str(self.ctl.AddAdapter(name, "ledge-test"))
 
     def remove_adapter(self, name: str = "hci0") -> None:
-        self.ctl.RemoveAdapter(name)
+        """The adapter is unplugged: BlueZ drops it and its devices."""
+        self.ctl.RemoveAdapterWithDevices(name)
 
     def add_device(
         self,
@@ -155,6 +158,35 @@ class FakeBlueZ:
         """Methods the code under test called on a mock object, oldest first."""
         obj = self.bus.get_object("org.bluez", path)
         return [str(c[1]) for c in self.dbus.Interface(obj, "org.freedesktop.DBus.Mock").GetCalls()]
+
+    @contextlib.contextmanager
+    def watch_properties(self, path: str) -> Iterator[Callable[[], str]]:
+        """What ``dbus-monitor`` sees of PropertiesChanged on ``path`` (property sets the
+        code under test makes, which dbusmock does not put in its call log)."""
+        rule = (
+            "type='signal',interface='org.freedesktop.DBus.Properties',"
+            f"member='PropertiesChanged',path='{path}'"
+        )
+        with tempfile.TemporaryFile("w+") as out:
+            proc = subprocess.Popen(
+                ["dbus-monitor", "--address", os.environ["DBUS_SYSTEM_BUS_ADDRESS"], rule],
+                stdout=out,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+
+            def seen() -> str:
+                out.seek(0)
+                return out.read()
+
+            try:
+                wait_for(
+                    lambda: "NameAcquired" in seen() or "NameLost" in seen(), 5, "dbus-monitor"
+                )
+                yield seen
+            finally:
+                proc.terminate()
+                proc.wait(5)
 
     def fail_method(
         self, path: str, interface: str, method: str, in_sig: str, out_sig: str, error: str
