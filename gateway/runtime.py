@@ -14,7 +14,6 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from drivers.ble.settings import BleSettings
 from gateway.bridge.settings import BridgeSettings, OutboxSettings, RuleSettings, TlsSettings
 from gateway.broker.auth import (
     ListenerPolicy,
@@ -26,6 +25,7 @@ from gateway.broker.settings import BrokerSettings
 from gateway.store.settings import StoreSettings
 
 if TYPE_CHECKING:
+    from drivers.ble.settings import BleSettings
     from gateway.broker.acl import Acl
 
 #: Environment variable carrying the validated config into the gateway process.
@@ -174,7 +174,12 @@ def _sensor_settings(data: dict[str, Any]) -> SensorSettings:
         )
         for s in data["serial"]
     )
-    ble = BleSettings.from_dict(data["ble"]) if data.get("ble") is not None else None
+    ble = None
+    if data.get("ble") is not None:
+        # Imported here: a gateway without BLE devices loads nothing of BLE.
+        from drivers.ble.settings import BleSettings
+
+        ble = BleSettings.from_dict(data["ble"])
     return SensorSettings(**{**data, "serial": serial, "ble": ble})
 
 

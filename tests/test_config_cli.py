@@ -14,6 +14,8 @@ from pydantic import BaseModel
 from gateway import __version__
 from gateway.config import (
     AuthConfig,
+    BleDeviceConfig,
+    BluetoothConfig,
     BridgeConfig,
     BridgeRuleConfig,
     BrokerConfig,
@@ -85,6 +87,8 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("[gateway]", GatewayConfig),
     ("[readings]", ReadingsConfig),
     ("# [[serial]]", SerialConfig),
+    ("[bluetooth]", BluetoothConfig),
+    ("# [[ble]]", BleDeviceConfig),
     ("[homeassistant]", HomeAssistantConfig),
     ("[taps]", TapsConfig),
     ("# [[bridges]]", BridgeConfig),
@@ -119,6 +123,8 @@ def test_example_config_documents_every_option_and_its_reload(
             "homeassistant",
             "taps",
             "bridges",
+            "bluetooth",
+            "ble",
         ):
             continue
         m = re.search(rf"^((?:#.*\n)+)#? ?{name} = ", section, re.M)

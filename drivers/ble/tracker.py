@@ -11,12 +11,11 @@ not decoded again; a packet id seen within ``PACKET_WINDOW`` seconds is a repeat
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from drivers.parsers import Sample
-from drivers.parsers.ble import FORMATS, Format, elements, recognise
-from drivers.parsers.ble.base import AdvertError, Context
+from drivers.parsers.ble import FORMATS, Format, recognise
+from drivers.parsers.ble.base import AdvertError, Context, Decode
 
 #: A packet id repeated within this many seconds is the same packet (bthome-ble's rule).
 PACKET_WINDOW: Final = 4.0
@@ -25,16 +24,28 @@ PACKET_WINDOW: Final = 4.0
 COUNTER_RESET_CONFIRMATIONS: Final = 3
 
 
-@dataclass(slots=True)
 class Outcome:
     """What one advert gave: samples (events among them), problems to count and log,
     and how many elements were repeats."""
 
-    samples: list[Sample] = field(default_factory=list)
-    events: frozenset[str] = frozenset()
-    problems: list[AdvertError] = field(default_factory=list)
-    repeats: int = 0
-    identity: str | None = None
+    __slots__ = ("events", "identity", "problems", "repeats", "samples")
+
+    def __init__(self) -> None:
+        self.samples: list[Sample] = []
+        self.events: frozenset[str] = frozenset()
+        self.problems: list[AdvertError] = []
+        self.repeats = 0
+        self.identity: str | None = None
+
+
+#: How a format's elements are found in an advert: (kind, key, decode), kind 0 service
+#: data, 1 manufacturer data of a company, 2 manufacturer data of any company.
+Plan = list[tuple[int, Any, Decode]]
+
+
+def plan(fmt: Format) -> Plan:
+    kinds = {"service": 0, "company": 1, "any_company": 2}
+    return [(kinds[s.kind], s.key, s.decode) for s in fmt.sources]
 
 
 class DeviceDecoder:
@@ -48,6 +59,7 @@ class DeviceDecoder:
         "_packet_at",
         "_reset_votes",
         "counter",
+        "_plan",
         "ctx",
         "format",
         "pinned",
@@ -57,6 +69,7 @@ class DeviceDecoder:
         self.ctx = ctx
         self.format = fmt
         self.pinned = fmt is not None
+        self._plan: Plan = plan(fmt) if fmt is not None else []
         self._last: dict[str | int, bytes] = {}
         self._packet: int | None = None
         self._packet_at = 0.0
@@ -74,49 +87,69 @@ class DeviceDecoder:
         """The samples of one advert; None when it carries nothing of the device's format."""
         ctx = self.ctx
         ctx.name = name
-        fmt = self.format
-        if fmt is None:
-            fmt = self.format = recognise(service_data, manufacturer_data, ctx)
+        if self.format is None:
+            fmt = recognise(service_data, manufacturer_data, ctx)
             if fmt is None:
                 return None
+            self.format = fmt
+            self._plan = plan(fmt)
         out: Outcome | None = None
-        for source, company, data in elements(fmt, service_data, manufacturer_data):
-            if out is None:
-                out = Outcome()
-            key = company if source.kind == "any_company" else source.key
-            if self._last.get(key) == data:
-                out.repeats += 1
-                continue
-            self._last[key] = data
-            ctx.company_id = company
-            try:
-                decoded = source.decode(data, ctx)
-            except AdvertError as exc:
-                if exc.reason == "wrong_key":
-                    self._failures += 1
-                    if self._failures == 1:
-                        # One failure is tolerated before it is reported: a corrupted
-                        # advert fails the MIC like a wrong key does (bthome-ble #107).
-                        exc = AdvertError("decrypt_retry", exc.detail, exc.offset)
-                out.problems.append(exc)
-                continue
-            if decoded.counter is not None and not self._counter_ok(decoded.counter, out):
-                continue
-            self._failures = 0
-            if decoded.packet_id is not None:
-                if decoded.packet_id == self._packet and now - self._packet_at < PACKET_WINDOW:
-                    out.repeats += 1
+        for kind, key, decode in self._plan:
+            if kind == 0:
+                data = service_data.get(key)
+                if data is None:
                     continue
-                self._packet = decoded.packet_id
-                self._packet_at = now
-            out.samples.extend(decoded.samples)
-            if decoded.events:
-                out.events = out.events | decoded.events
-            if decoded.identity is not None:
-                out.identity = decoded.identity
-            if decoded.problem is not None:
-                out.problems.append(decoded.problem)
+                self._one(out := out or Outcome(), key, 0, data, decode, now)
+            elif kind == 1:
+                data = manufacturer_data.get(key)
+                if data is None:
+                    continue
+                self._one(out := out or Outcome(), key, key, data, decode, now)
+            else:
+                for company, data in manufacturer_data.items():
+                    self._one(out := out or Outcome(), company, company, data, decode, now)
         return out
+
+    def _one(
+        self, out: Outcome, key: Any, company: int, data: bytes, decode: Decode, now: float
+    ) -> None:
+        if self._last.get(key) == data:
+            out.repeats += 1
+            return
+        self._last[key] = data
+        ctx = self.ctx
+        ctx.company_id = company
+        try:
+            decoded = decode(data, ctx)
+        except AdvertError as exc:
+            if exc.reason == "wrong_key":
+                self._failures += 1
+                if self._failures == 1:
+                    # One failure is tolerated before it is reported: a corrupted
+                    # advert fails the MIC like a wrong key does (bthome-ble #107).
+                    exc = AdvertError("decrypt_retry", exc.detail, exc.offset)
+            out.problems.append(exc)
+            return
+        if decoded.counter is not None and not self._counter_ok(decoded.counter, out):
+            return
+        self._failures = 0
+        packet = decoded.packet_id
+        if packet is not None:
+            if packet == self._packet and now - self._packet_at < PACKET_WINDOW:
+                out.repeats += 1
+                return
+            self._packet = packet
+            self._packet_at = now
+        if out.samples:
+            out.samples.extend(decoded.samples)
+        else:
+            out.samples = decoded.samples
+        if decoded.events:
+            out.events = out.events | decoded.events
+        if decoded.identity is not None:
+            out.identity = decoded.identity
+        if decoded.problem is not None:
+            out.problems.append(decoded.problem)
 
     def _counter_ok(self, counter: int, out: Outcome) -> bool:
         """Replay protection: an encryption counter must grow. A run of authenticated

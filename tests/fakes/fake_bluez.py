@@ -162,7 +162,7 @@ def AdvertiseBurst(self, paths, uuid, payloads):
 
 @dbus.service.method(MOCK_IFACE, in_signature="aodd", out_signature="")
 def StartTraffic(self, paths, per_second, seconds):
-    """BTHome adverts (packet id, a counter as temperature) round-robin over ``paths`` at
+    """BTHome adverts (a round counter as temperature: each advert new) round-robin over ``paths`` at
     ``per_second`` for ``seconds``; TrafficCount says how many were emitted."""
     paths = [str(p) for p in paths]
     old = _timers.pop("traffic", None)
@@ -179,7 +179,7 @@ def StartTraffic(self, paths, per_second, seconds):
             n = _traffic["count"]
             path = paths[n % len(paths)]
             round_ = n // len(paths)
-            payload = bytes([0x40, 0x00, round_ & 0xFF, 0x02]) + struct.pack("<h", round_ % 30000)
+            payload = bytes([0x40, 0x02]) + struct.pack("<h", round_ % 30000)
             _advertise(mockobject.objects[path], -60, {}, {BTHOME_UUID: payload}, [])
             _traffic["count"] = n + 1
         if elapsed >= seconds and _traffic["count"] >= int(seconds * per_second):
