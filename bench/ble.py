@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
 import struct
 import subprocess
@@ -134,14 +133,15 @@ def decoder_rows(repeat: int) -> list[tuple[str, float, float | None, str]]:
 def reference_runner(
     fmt: str, infos: list[Any], key: bytes | None, batch: Any, name: str
 ) -> Callable[[], None]:
+    ref: Any
     if fmt == "bthome":
-        from bthome_ble import BTHomeBluetoothDeviceData as Ref
+        from bthome_ble import BTHomeBluetoothDeviceData as ref
     elif fmt == "mibeacon":
-        from xiaomi_ble import XiaomiBluetoothDeviceData as Ref
+        from xiaomi_ble import XiaomiBluetoothDeviceData as ref
     elif fmt == "ruuvi":
-        from ruuvitag_ble import RuuvitagBluetoothDeviceData as Ref
+        from ruuvitag_ble import RuuvitagBluetoothDeviceData as ref
     elif fmt == "govee":
-        from govee_ble import GoveeBluetoothDeviceData as Ref
+        from govee_ble import GoveeBluetoothDeviceData as ref
     else:
         from bleak.backends.device import BLEDevice
         from bleak.backends.scanner import AdvertisementData
@@ -157,7 +157,7 @@ def reference_runner(
         return switchbot_run
 
     def run() -> None:
-        parser = Ref(key) if fmt in ("bthome", "mibeacon") else Ref()
+        parser = ref(key) if fmt in ("bthome", "mibeacon") else ref()
         for info in infos:
             update = parser.update(info)
             assert update.entity_values, update
@@ -169,7 +169,8 @@ def reference_runner(
 
 
 def _gateway_config(path: Path, devices: list[str]) -> None:
-    text = '[gateway]\nid = "bench"\nhealth_interval = 0\n[bluetooth]\nwatchdog = 0\nqueue_size = 100000\n'
+    text = '[gateway]\nid = "bench"\nhealth_interval = 0\n'
+    text += "[bluetooth]\nwatchdog = 0\nqueue_size = 100000\n"
     for i, address in enumerate(devices):
         text += f'[[ble]]\nname = "d{i:03d}"\naddress = "{address}"\nformat = "bthome"\n'
         text += "min_interval = 0\nheartbeat = 0\nrssi = false\n"
@@ -320,10 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-e2e", action="store_true")
     args = parser.parse_args(argv)
 
-    print(
-        "== decoders: microseconds per advert (median of %d x %d adverts)"
-        % (args.repeat, N_ADVERTS)
-    )
+    print(f"== decoders: microseconds per advert (median of {args.repeat} x {N_ADVERTS} adverts)")
     print(f"{'format':<20} {'Ledge':>8} {'reference':>10} {'ratio':>7}  reference")
     for label, ours, theirs, ref in decoder_rows(args.repeat):
         ratio = f"{theirs / ours:6.1f}x" if theirs else "      -"
@@ -341,30 +339,32 @@ def main(argv: list[str] | None = None) -> int:
         args.ramp_seconds,
     )
     s = result["steady"]
-    print(
-        f"sent by the fake {s['sent']}, readings received {s['received']}, lost {s['sent'] - s['received']}"
-    )
-    print(f"gateway CPU {s['cpu_share']:.1%} of one core ({s['cpu_us_per_advert']:.0f} µs per advert), "
-          f"fake BlueZ CPU {s['mock_cpu_share']:.1%}")  # fmt: skip
+    sent, got = s["sent"], s["received"]
+    print(f"sent by the fake {sent}, readings received {got}, lost {sent - got}")
+    cpu, per = s["cpu_share"], s["cpu_us_per_advert"]
+    print(f"gateway CPU {cpu:.1%} of one core ({per:.0f} µs per advert)", end="")
+    print(f", fake BlueZ CPU {s['mock_cpu_share']:.1%}")
     lossless = [r for r in result["ramp"] if r["received"] >= r["sent"]]
     if lossless:
         best = lossless[-1]
-        print(f"highest sustained rate without loss: {best['sent'] / best['emit_seconds']:.0f} adverts/s "
-              f"(asked {best['rate']:.0f}/s; gateway CPU {best['cpu_share']:.0%})")  # fmt: skip
+        rate = best["sent"] / best["emit_seconds"]
+        print(f"highest sustained rate without loss: {rate:.0f} adverts/s", end="")
+        print(f" (asked {best['rate']:.0f}/s; gateway CPU {best['cpu_share']:.0%})")
     last = result["ramp"][-1] if result["ramp"] else None
     if last is not None and last["received"] < last["sent"]:
-        print(f"first loss at {last['rate']:.0f}/s asked ({last['sent'] / last['emit_seconds']:.0f}/s emitted): "
-              f"{last['sent'] - last['received']} of {last['sent']} lost")  # fmt: skip
-    d, idle, after = (
-        result["rss_default_kib"],
-        result["rss_ble_idle_kib"],
-        result["rss_ble_after_kib"],
+        emitted = last["sent"] / last["emit_seconds"]
+        lost = last["sent"] - last["received"]
+        print(f"first loss at {last['rate']:.0f}/s asked ({emitted:.0f}/s emitted): ", end="")
+        print(f"{lost} of {last['sent']} lost")
+    mib = 1024
+    d, serial = result["rss_default_kib"] / mib, result["rss_serial_kib"] / mib
+    idle, after = result["rss_ble_idle_kib"] / mib, result["rss_ble_after_kib"] / mib
+    print(
+        f"RSS: default config {d:.1f} MiB; one serial device {serial:.1f} MiB (+{serial - d:.1f})"
     )
-    serial = result["rss_serial_kib"]
-    print(f"RSS: one serial device {serial / 1024:.1f} MiB (+{(serial - d) / 1024:.1f}: the sensors' "
-          f"Reading model), BLE beyond that +{(idle - serial) / 1024:.1f} MiB")  # fmt: skip
-    print(f"RSS: default config {d / 1024:.1f} MiB; BLE with {args.devices} devices {idle / 1024:.1f} MiB idle "
-          f"(+{(idle - d) / 1024:.1f}), {after / 1024:.1f} MiB after the steady run (+{(after - d) / 1024:.1f})")  # fmt: skip
+    print(f"RSS: {args.devices} BLE devices {idle:.1f} MiB idle (+{idle - d:.1f}), ", end="")
+    print(f"{after:.1f} MiB after the steady run (+{after - d:.1f}); BLE beyond the serial")
+    print(f"     gateway's Reading model: +{idle - serial:.1f} MiB")
     for line in result["log_warnings"]:
         print("gateway log:", line)
     return 0

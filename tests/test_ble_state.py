@@ -109,15 +109,19 @@ def test_presence() -> None:
     assert p.heard(101) is True
 
 
+def state(w: Watchdog) -> State:
+    return w.state
+
+
 def test_watchdog_escalates_step_by_step_and_recovers() -> None:
     w = Watchdog(silence=60, backoff_max=240)
     w.start(0)
     w.heard(10)
     assert w.tick(69) is None
-    assert w.tick(70) is Action.RESTART and w.state is State.RESTARTED
+    assert w.tick(70) is Action.RESTART and state(w) is State.RESTARTED
     assert w.tick(129) is None
     assert w.tick(130) is Action.POWER_CYCLE
-    assert w.tick(190) is Action.REPORT_FAILED and w.state is State.FAILED
+    assert w.tick(190) is Action.REPORT_FAILED and state(w) is State.FAILED
     # failed: retry with a doubling backoff, up to the maximum
     assert w.tick(249) is None
     assert w.tick(250) is Action.RETRY
@@ -125,7 +129,7 @@ def test_watchdog_escalates_step_by_step_and_recovers() -> None:
     assert w.tick(370) is Action.RETRY
     assert w.tick(610) is Action.RETRY
     assert w.tick(849) is None and w.tick(850) is Action.RETRY  # capped at 240
-    assert w.heard(900) is Action.RECOVERED and w.state is State.SCANNING
+    assert w.heard(900) is Action.RECOVERED and state(w) is State.SCANNING
     c = w.counts
     assert (c.restarts, c.power_cycles, c.failures, c.retries, c.recoveries) == (1, 1, 1, 4, 1)
 
@@ -133,9 +137,9 @@ def test_watchdog_escalates_step_by_step_and_recovers() -> None:
 def test_watchdog_bluez_gone_and_back() -> None:
     w = Watchdog(silence=60)
     w.start(0)
-    assert w.lost(5, "bluez") is Action.REPORT_FAILED and w.state is State.ABSENT
+    assert w.lost(5, "bluez") is Action.REPORT_FAILED and state(w) is State.ABSENT
     assert w.heard(6) is None  # a straggler does not end it
-    assert w.back(10) is Action.RESTART and w.state is State.FAILED
+    assert w.back(10) is Action.RESTART and state(w) is State.FAILED
     assert w.heard(11) is Action.RECOVERED
     assert w.counts.bluez_lost == 1
     w.lost(20, "adapter")
