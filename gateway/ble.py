@@ -28,7 +28,7 @@ from drivers.ble.scanner import SCAN_ERRORS, Scanner
 from drivers.ble.settings import GATT_PRESETS, BleDevice, BleSettings, GattCharacteristic
 from drivers.ble.tracker import DeviceDecoder, Outcome, format_named
 from drivers.ble.watchdog import Action, State, Watchdog
-from drivers.mapping import DeviceMap, FieldMap
+from drivers.mapping import DeviceMap
 from drivers.model import Reading, now_utc
 from drivers.parsers import Sample
 from drivers.parsers.ble import FORMATS, passive_patterns, recognise
@@ -104,10 +104,7 @@ class Device:
         self.mapping = DeviceMap(
             settings.name,
             "ble",
-            {
-                k: FieldMap(f.quantity, f.unit, f.scale, f.offset)
-                for k, f in settings.fields.items()
-            },
+            dict(settings.fields),
             settings.only_mapped,
         )
         self.decoder: DeviceDecoder | None = None

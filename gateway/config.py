@@ -430,10 +430,10 @@ def ble_settings(
         return None
     from drivers.ble.settings import (
         BleDevice,
-        FieldMapping,
         GattCharacteristic,
         GattField,
     )
+    from drivers.mapping import FieldMap
 
     def device(d: BleDeviceConfig) -> BleDevice:
         return BleDevice(
@@ -442,7 +442,7 @@ def ble_settings(
             beacon=d.beacon or "",
             format=d.format,
             bindkey=d.bindkey,
-            fields={k: FieldMapping(**f.model_dump()) for k, f in d.fields.items()},
+            fields={k: FieldMap(**f.model_dump()) for k, f in d.fields.items()},
             only_mapped=d.only_mapped,
             min_interval=section.min_interval if d.min_interval is None else d.min_interval,
             heartbeat=section.heartbeat if d.heartbeat is None else d.heartbeat,

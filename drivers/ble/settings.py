@@ -1,20 +1,13 @@
 """BLE settings as plain data: what ``gateway.config`` validates from ``[bluetooth]`` and
-``[[ble]]`` and the gateway process receives (as JSON, without pydantic)."""
+``[[ble]]`` and the gateway process receives (as JSON). Field mappings are the serial
+devices' ``FieldMap``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from typing import Any, Final
 
-
-@dataclass(frozen=True, slots=True)
-class FieldMapping:
-    """A decoded field renamed and rescaled (as ``[[serial]] fields``)."""
-
-    quantity: str
-    unit: str | None = None
-    scale: float = 1.0
-    offset: float = 0.0
+from drivers.mapping import FieldMap
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +39,7 @@ class BleDevice:
     beacon: str = ""
     format: str = "auto"
     bindkey: str | None = None
-    fields: dict[str, FieldMapping] = field(default_factory=dict)
+    fields: dict[str, FieldMap] = field(default_factory=dict)
     only_mapped: bool = False
     min_interval: float = 10.0
     heartbeat: float = 300.0
@@ -104,7 +97,7 @@ def _device(data: dict[str, Any]) -> BleDevice:
         )
         for c in data.get("characteristics", ())
     )
-    mapping = {k: FieldMapping(**v) for k, v in data.get("fields", {}).items()}
+    mapping = {k: FieldMap(**v) for k, v in data.get("fields", {}).items()}
     rest = {k: v for k, v in data.items() if k not in ("characteristics", "fields")}
     return BleDevice(**rest, fields=mapping, characteristics=chars)
 
