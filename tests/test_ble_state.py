@@ -36,6 +36,8 @@ def test_repeats_of_one_packet_count_once() -> None:
     assert feed(dec, temp(2, 2200), 1.5) == ([], [], 1)
     # ... and after the window a new packet that happens to reuse the id
     assert feed(dec, temp(2, 2300), 1.5 + PACKET_WINDOW) == ([23.0], [], 0)
+    # BlueZ re-reports the last data with every RSSI change, long after: still a repeat
+    assert feed(dec, temp(2, 2300), 100.0) == ([], [], 1)
 
 
 def test_an_auto_device_is_recognised_once_and_ignores_other_elements() -> None:
