@@ -1,6 +1,6 @@
 """Coverage-guided fuzzing of the codec and the connection state machine (atheris).
 
-    python -m fuzz [--seconds N | --runs N] [--target codec|session|websocket|all]
+    python -m fuzz [--seconds N | --runs N] [--target codec|fastpath|session|websocket|all]
 
 Each target runs under libFuzzer in its own process, with its corpus in
 ``fuzz/corpus/<target>/`` (kept between runs, so each run starts where the last one
@@ -102,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         child(argv[1], argv[3:])
         return 0
     parser = argparse.ArgumentParser(prog="python -m fuzz", description=__doc__.split("\n")[0])
-    parser.add_argument("--target", choices=["codec", "session", "websocket", "all"], default="all")
+    parser.add_argument(
+        "--target", choices=["codec", "fastpath", "session", "websocket", "all"], default="all"
+    )
     parser.add_argument("--seconds", type=int, help="per target (default 300)")
     parser.add_argument("--runs", type=int, help="inputs per target instead of a duration")
     parser.add_argument("--quiet", action="store_true")
@@ -111,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     seconds = args.seconds if args.seconds or args.runs else 300
-    targets = ["codec", "session", "websocket"] if args.target == "all" else [args.target]
+    targets = (
+        ["codec", "fastpath", "session", "websocket"] if args.target == "all" else [args.target]
+    )
     total = 0
     crashed = []
     start = time.monotonic()

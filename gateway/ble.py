@@ -555,7 +555,6 @@ class BleSensors:
             qos=1,
             retain=True,
         )
-        hub.kick()
 
     def health(self) -> dict[str, Any]:
         return {"ble": self.adapter_state()}
@@ -646,4 +645,3 @@ class BleSensors:
             self.clock(),
             qos=1,
         )
-        self.hub.kick()

@@ -150,12 +150,10 @@ class SensorHub:
         broker: Broker,
         settings: SensorSettings,
         clock: Callable[[], float],
-        kick: Callable[[], None],
     ) -> None:
         self.broker = broker
         self.settings = settings
         self.clock = clock
-        self.kick = kick
         self.client = LocalClient(broker, f"ledge-sensors-{settings.gateway}", self._command)
         self.sensors = {s.name: SerialSensor(self, s) for s in settings.serial}
         self.ble: BleSensors | None = None
@@ -211,7 +209,6 @@ class SensorHub:
             )
         if self.ble is not None:
             self.ble.start()
-        self.kick()
 
     async def stop(self) -> None:
         for sensor in self.sensors.values():
@@ -225,7 +222,6 @@ class SensorHub:
         for name in self.sensors:
             self.publish_status("serial", name, False)
         self.client.publish(self.gateway_status, b"offline", now, qos=1, retain=True)
-        self.kick()
 
     # ------------------------------------------------------------------ uplink
 
@@ -240,14 +236,11 @@ class SensorHub:
             self.client.publish(
                 topic, reading_payload(reading, s.plain_payload), now, qos=s.qos, retain=s.retain
             )
-            if self.broker.urgent:  # a burst of lines: write out before buffers hit their bound
-                self.kick()
             if s.homeassistant:
                 key = (reading.driver, reading.device, reading.quantity)
                 if key not in self.announced:
                     self.announced.add(key)
                     self._announce(reading, topic, now)
-        self.kick()
 
     def _announce(self, reading: Reading, state_topic: str, now: float) -> None:
         s = self.settings
@@ -274,7 +267,6 @@ class SensorHub:
             qos=1,
             retain=True,
         )
-        self.kick()
 
     # ------------------------------------------------------------------ downlink
 
@@ -306,4 +298,3 @@ class SensorHub:
             self.clock(),
             qos=1,
         )
-        self.kick()
