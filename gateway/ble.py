@@ -16,8 +16,9 @@ import functools
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 from bleak.backends.device import BLEDevice
 from bleak.backends.scanner import AdvertisementData
@@ -36,9 +37,8 @@ from drivers.parsers.ble.base import AdvertError, Context
 from drivers.parsers.ble.bthome import UUID as BTHOME_UUID
 from drivers.parsers.ble.ccm import Cipher, parse_key
 from drivers.parsers.ble.gatt import parse_value
-
-if TYPE_CHECKING:
-    from gateway.sensors import SensorHub
+from gateway.broker.local import LocalClient
+from gateway.runtime import SensorSettings
 
 log = logging.getLogger("ledge.ble")
 
@@ -49,6 +49,21 @@ DRAIN_BATCH: Final = 256
 #: Seconds between policy, presence and watchdog checks.
 TICK: Final = 1.0
 BEACON_FORMATS: Final = ("ibeacon", "eddystone")
+
+
+class Hub(Protocol):
+    """What BLE devices publish through: ``gateway.sensors.SensorHub``, which imports
+    this module (only when BLE is configured), so this one names it by shape."""
+
+    settings: SensorSettings
+    client: LocalClient
+    clock: Callable[[], float]
+
+    def _base(self, driver: str, device: str) -> str: ...
+
+    def publish_readings(self, readings: list[Reading]) -> None: ...
+
+    def publish_status(self, driver: str, device: str, online: bool) -> None: ...
 
 
 class LogBudget:
@@ -122,7 +137,7 @@ class Device:
 class BleSensors:
     """Every BLE device of the gateway, one scanner, one watchdog."""
 
-    def __init__(self, hub: SensorHub, settings: BleSettings) -> None:
+    def __init__(self, hub: Hub, settings: BleSettings) -> None:
         self.hub = hub
         self.settings = settings
         self.clock = hub.clock
