@@ -152,7 +152,7 @@ class Gateway:
     def _start_sensors_and_taps(self, loop: asyncio.AbstractEventLoop) -> None:
         assert self.broker is not None
         config = self.config
-        if config.sensors.serial or config.sensors.homeassistant or config.sensors.ble:
+        if config.sensors.serial or config.sensors.homeassistant or config.sensors.uses_ble:
             # Imported here: a gateway without sensors never loads the drivers.
             from gateway.sensors import SensorHub
 

@@ -23,10 +23,9 @@ from typing import Any, Final, Protocol
 from bleak.backends.device import BLEDevice
 from bleak.backends.scanner import AdvertisementData
 
-from drivers.ble.gatt import GattDevice
+from drivers.ble.gatt import Characteristic, GattDevice
 from drivers.ble.policy import Presence, Publisher
 from drivers.ble.scanner import SCAN_ERRORS, Scanner
-from drivers.ble.settings import GATT_PRESETS, BleDevice, BleSettings, GattCharacteristic
 from drivers.ble.tracker import DeviceDecoder, Outcome, format_named
 from drivers.ble.watchdog import Action, State, Watchdog
 from drivers.mapping import DeviceMap
@@ -37,8 +36,9 @@ from drivers.parsers.ble.base import AdvertError, Context
 from drivers.parsers.ble.bthome import UUID as BTHOME_UUID
 from drivers.parsers.ble.ccm import Cipher, parse_key
 from drivers.parsers.ble.gatt import parse_value
+from gateway.ble_settings import BEACON_FORMATS, GATT_PRESETS, BleDeviceSettings
 from gateway.broker.local import LocalClient
-from gateway.runtime import SensorSettings
+from gateway.runtime import BluetoothSettings, SensorSettings
 
 log = logging.getLogger("ledge.ble")
 
@@ -48,7 +48,6 @@ LOG_BUDGET: Final = 10
 DRAIN_BATCH: Final = 256
 #: Seconds between policy, presence and watchdog checks.
 TICK: Final = 1.0
-BEACON_FORMATS: Final = ("ibeacon", "eddystone")
 
 
 class Hub(Protocol):
@@ -107,21 +106,29 @@ class DeviceStats:
 
 
 class Device:
-    """One configured (or found) BLE device."""
+    """One configured (or found) BLE device; what its settings leave unsaid comes from
+    ``[bluetooth]``."""
 
-    def __init__(self, settings: BleDevice, fmt_name: str) -> None:
+    def __init__(
+        self, settings: BleDeviceSettings, fmt_name: str, section: BluetoothSettings
+    ) -> None:
         self.settings = settings
         self.name = settings.name
         self.stats = DeviceStats()
         self.budget = LogBudget(settings.name)
-        self.publisher = Publisher(settings.min_interval, settings.heartbeat)
-        self.presence = Presence(settings.away_after)
-        self.mapping = DeviceMap(
-            settings.name,
-            "ble",
-            dict(settings.fields),
-            settings.only_mapped,
+        self.publisher = Publisher(
+            section.min_interval if settings.min_interval is None else settings.min_interval,
+            section.heartbeat if settings.heartbeat is None else settings.heartbeat,
         )
+        self.away_after = section.away_after if settings.away_after is None else settings.away_after
+        self.presence = Presence(self.away_after)
+        #: Publish presence ("home"/"away") as a reading: beacons do unless told not to.
+        self.reports_presence = (
+            settings.format in BEACON_FORMATS or settings.beacon is not None
+            if settings.presence is None
+            else settings.presence
+        )
+        self.mapping = DeviceMap(settings.name, "ble", settings.fields, settings.only_mapped)
         self.decoder: DeviceDecoder | None = None
         if fmt_name not in ("gatt", *GATT_PRESETS):
             cipher = Cipher(parse_key(settings.bindkey)) if settings.bindkey else None
@@ -137,7 +144,9 @@ class Device:
 class BleSensors:
     """Every BLE device of the gateway, one scanner, one watchdog."""
 
-    def __init__(self, hub: Hub, settings: BleSettings) -> None:
+    def __init__(
+        self, hub: Hub, settings: BluetoothSettings, devices: tuple[BleDeviceSettings, ...]
+    ) -> None:
         self.hub = hub
         self.settings = settings
         self.clock = hub.clock
@@ -149,7 +158,7 @@ class BleSensors:
         #: Devices heard that are not configured: address -> (name, rssi, format), LRU.
         self.unknown: collections.OrderedDict[str, tuple[str, int, str]] = collections.OrderedDict()
         self.slots = asyncio.Semaphore(settings.gatt_concurrency)
-        for ds in settings.devices:
+        for ds in devices:
             self._add(ds)
         self.advert_devices = any(d.decoder is not None for d in self.devices.values())
         self.queue: collections.deque[tuple[BLEDevice, AdvertisementData, float]] = (
@@ -176,16 +185,16 @@ class BleSensors:
         self.adapter_budget = LogBudget(f"ble {settings.adapter}")
 
     def _format_names(self) -> list[str]:
-        names = {d.settings.format for d in self.devices.values()}
+        names: set[str] = {d.settings.format for d in self.devices.values()}
         if "auto" in names or self.settings.any_bthome:
             names.update(FORMATS)
         return sorted(n for n in names if n in FORMATS)
 
-    def _add(self, ds: BleDevice) -> Device:
+    def _add(self, ds: BleDeviceSettings) -> Device:
         fmt = ds.format
         if fmt in GATT_PRESETS and not ds.characteristics:
             ds = replace(ds, characteristics=GATT_PRESETS[fmt])
-        device = Device(ds, fmt)
+        device = Device(ds, fmt, self.settings)
         self.devices[ds.name] = device
         if ds.address:
             self.by_address[ds.address.upper()] = device
@@ -404,18 +413,8 @@ class BleSensors:
         return not allow or any(fnmatch.fnmatchcase(address, p.upper()) for p in allow)
 
     def _adopt(self, address: str) -> Device:
-        s = self.settings
         name = "bthome_" + address.replace(":", "").lower()
-        device = self._add(
-            BleDevice(
-                name,
-                address=address,
-                format="bthome",
-                min_interval=s.min_interval,
-                heartbeat=s.heartbeat,
-                away_after=s.away_after,
-            )
-        )
+        device = self._add(BleDeviceSettings(name, address=address, format="bthome"))
         device.presence.start()
         log.info("ble: BTHome device %s adopted as %s", address, name)
         return device
@@ -451,7 +450,7 @@ class BleSensors:
     def _arrived(self, device: Device, readings: list[Reading], stamp: Any) -> None:
         log.info("ble: %s is home", device.name)
         self.hub.publish_status("ble", device.name, True)
-        if device.settings.presence:
+        if device.reports_presence:
             self._publish(device, [Sample("presence", "home", "")], stamp, readings)
 
     # ------------------------------------------------------------------ timer
@@ -465,11 +464,9 @@ class BleSensors:
         for device in self.devices.values():
             presence = device.presence
             if device.decoder is not None and presence.check(now):
-                log.info(
-                    "ble: %s is away (not heard for %g s)", device.name, device.settings.away_after
-                )
+                log.info("ble: %s is away (not heard for %g s)", device.name, device.away_after)
                 self.hub.publish_status("ble", device.name, False)
-                if device.settings.presence:
+                if device.reports_presence:
                     self._publish(device, [Sample("presence", "away", "")], stamp, readings)
             due = device.publisher.due(now, bool(presence.home))
             if due:
@@ -601,7 +598,7 @@ class BleSensors:
 
     # ------------------------------------------------------------------ GATT
 
-    def _gatt_value(self, device: Device, char: GattCharacteristic, data: bytes) -> None:
+    def _gatt_value(self, device: Device, char: Characteristic, data: bytes) -> None:
         now = self.clock()
         try:
             samples = parse_value(data, char.fields)

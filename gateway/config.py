@@ -14,7 +14,7 @@ import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast, get_args, get_origin, get_type_hints
+from typing import Any, cast, get_args, get_origin, get_type_hints
 
 from pydantic import (
     BaseModel,
@@ -27,15 +27,22 @@ from pydantic import (
     model_validator,
 )
 
-import drivers.ble.settings
+from gateway.ble_settings import (
+    BEACON_FORMATS,
+    GATT_FORMATS,
+    BleDeviceSettings,
+    GattCharacteristicSettings,
+    GattFieldSettings,
+)
 from gateway.bridge.rules import rule_errors
 from gateway.bridge.settings import BridgeSettings, OutboxSettings, RuleSettings, TlsSettings
 from gateway.broker.settings import BrokerSettings
+from gateway.field_settings import FieldSettings
 from gateway.mqtt.topics import filter_error
 from gateway.runtime import (
     AuthSettings,
+    BluetoothSettings,
     ConfigError,
-    FieldSettings,
     GatewaySettings,
     HomeAssistantSettings,
     ListenerSettings,
@@ -62,7 +69,7 @@ class _Model(BaseModel):
 #: Names the runtime's annotations use without importing them (see gateway.runtime).
 _LAZY_NAMES: dict[str, Any] = {
     "BridgeSettings": BridgeSettings,
-    "BleSettings": drivers.ble.settings.BleSettings,
+    "BleDeviceSettings": BleDeviceSettings,
 }
 
 #: Settings dataclass -> its model, and back.
@@ -301,6 +308,87 @@ class _SerialChecks(_Model):
         return value
 
 
+_BLE_ADDRESS = re.compile(r"^[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}$")
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+
+
+def _gatt_uuid(value: str | None) -> str | None:
+    """A characteristic UUID: 128-bit form, or a 16-bit SIG one as 4 hex digits."""
+    if value is None:
+        return None
+    if re.fullmatch(r"(0x)?[0-9a-fA-F]{4}", value):
+        return f"0000{value[-4:].lower()}-0000-1000-8000-00805f9b34fb"
+    if not _UUID.match(value):
+        raise ValueError(f"{value!r} is not a UUID (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx or 2a19)")
+    return value.lower()
+
+
+class _GattCharacteristicChecks(_Model):
+    _uuid = field_validator("uuid", check_fields=False)(_gatt_uuid)
+
+
+class _BleDeviceChecks(_Model):
+    """One ``[[ble]]`` device."""
+
+    _command_uuid = field_validator("command_uuid", check_fields=False)(_gatt_uuid)
+
+    @field_validator("name", check_fields=False)
+    @classmethod
+    def _topic_level(cls, value: str) -> str:
+        if set(value) & set("/+#$ \x00") or value == "adapter":
+            raise ValueError("must not contain '/', '+', '#', '$' or spaces, nor be 'adapter'")
+        return value
+
+    @field_validator("address", check_fields=False)
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if value is not None and not _BLE_ADDRESS.match(value):
+            raise ValueError(f"{value!r} is not a Bluetooth address like A4:C1:38:12:34:56")
+        return None if value is None else value.upper()
+
+    @field_validator("bindkey", check_fields=False)
+    @classmethod
+    def _bindkey(cls, value: str | None) -> str | None:
+        if value is not None:
+            from drivers.parsers.ble.ccm import parse_key
+
+            parse_key(value)
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Any:
+        get = _fields_of(self)
+        fmt, address, beacon = get("format"), get("address"), get("beacon")
+        gatt = fmt in GATT_FORMATS
+        if (address is None) == (beacon is None):
+            raise ValueError("give the device's address, or (for a beacon) its beacon identity")
+        if beacon is not None and fmt not in ("auto", *BEACON_FORMATS):
+            raise ValueError("beacon applies to formats 'ibeacon' and 'eddystone'")
+        if get("bindkey") is not None and fmt not in ("auto", "bthome", "mibeacon"):
+            raise ValueError("bindkey applies to formats 'bthome' and 'mibeacon'")
+        if fmt == "gatt" and not get("characteristics") and get("command_uuid") is None:
+            raise ValueError("format 'gatt' needs characteristics or a command_uuid")
+        if get("characteristics") and not gatt:
+            raise ValueError("characteristics apply to formats 'gatt' and 'lywsd03mmc'")
+        if get("command_uuid") is not None and not gatt:
+            raise ValueError("command_uuid applies to formats 'gatt' and 'lywsd03mmc'")
+        if gatt and address is None:
+            raise ValueError("a GATT device needs its address")
+        return self
+
+
+class _BluetoothChecks(_Model):
+    """``[bluetooth]``: the adapter, its scanner and the watchdog."""
+
+    @field_validator("allow", check_fields=False)
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        for i, pattern in enumerate(value):
+            if not re.fullmatch(r"[0-9A-Fa-f:*?]+", pattern):
+                raise ValueError(f"entry {i} ({pattern!r}) is not an address pattern (A4:C1:38:*)")
+        return value
+
+
 class _BridgeTlsChecks(_Model):
     @model_validator(mode="after")
     def _files(self) -> Any:
@@ -363,11 +451,13 @@ class _AuthChecks(_Model):
 
 
 class _ConfigChecks(_Model):
-    @field_validator("serial", "bridges", check_fields=False)
+    @field_validator("serial", "ble", "bridges", check_fields=False)
     @classmethod
     def _unique_names(cls, value: tuple[Any, ...], info: ValidationInfo) -> tuple[Any, ...]:
         names = [item.name for item in value]
-        what = "serial devices" if info.field_name == "serial" else "bridges"
+        what = {"serial": "serial devices", "ble": "BLE devices"}.get(
+            info.field_name or "", "bridges"
+        )
         for name in names:
             if names.count(name) > 1:
                 raise ValueError(f"two {what} are named {name!r}")
@@ -383,6 +473,10 @@ FieldConfig = section_model(FieldSettings)
 SerialConfig = section_model(SerialSettings, _SerialChecks)
 HomeAssistantConfig = section_model(HomeAssistantSettings)
 TapsConfig = section_model(TapSettings)
+BluetoothConfig = section_model(BluetoothSettings, _BluetoothChecks)
+GattFieldConfig = section_model(GattFieldSettings)
+GattCharacteristicConfig = section_model(GattCharacteristicSettings, _GattCharacteristicChecks)
+BleDeviceConfig = section_model(BleDeviceSettings, _BleDeviceChecks)
 BridgeTlsConfig = section_model(TlsSettings, _BridgeTlsChecks)
 BridgeRuleConfig = section_model(RuleSettings, _BridgeRuleChecks)
 OutboxConfig = section_model(OutboxSettings)
@@ -400,207 +494,8 @@ LogConfig = section_model(LogSettings)
 _ConfigModel = section_model(RuntimeConfig, _ConfigChecks, name="ConfigFile")
 
 
-# ----------------------------------------------------------------------- BLE
-# [bluetooth] (the adapter and its scanner) and [[ble]] (devices); see drivers.ble.
-
-
-_BLE_ADDRESS = re.compile(r"^[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}$")
-_UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
-_BLE_ADVERT_FORMATS = (
-    "auto", "bthome", "pvvx", "atc1441", "mibeacon", "ruuvi", "govee", "inkbird", "switchbot",
-    "ibeacon", "eddystone",
-)  # fmt: skip
-_BLE_GATT_FORMATS = ("gatt", "lywsd03mmc")
-
-
-def _gatt_uuid(value: str | None) -> str | None:
-    """A characteristic UUID: 128-bit form, or a 16-bit SIG one as 4 hex digits."""
-    if value is None:
-        return None
-    if re.fullmatch(r"(0x)?[0-9a-fA-F]{4}", value):
-        return f"0000{value[-4:].lower()}-0000-1000-8000-00805f9b34fb"
-    if not _UUID.match(value):
-        raise ValueError(f"{value!r} is not a UUID (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx or 2a19)")
-    return value.lower()
-
-
-class GattFieldConfig(_Model):
-    quantity: str = Field(min_length=1)
-    type: Literal[
-        "uint8", "int8", "uint16", "int16", "uint16be", "int16be", "uint24", "int24",
-        "uint32", "int32", "uint32be", "int32be", "float32", "float16", "bool", "utf8", "hex",
-    ] = "uint8"  # fmt: skip
-    start: int = Field(0, ge=0, le=511)
-    scale: float = 1.0
-    offset: float = 0.0
-    unit: str = ""
-
-
-class GattCharacteristicConfig(_Model):
-    uuid: str
-    mode: Literal["read", "notify"] = "read"
-    fields: list[GattFieldConfig] = Field(min_length=1)
-
-    _uuid = field_validator("uuid")(_gatt_uuid)
-
-
-class BleDeviceConfig(_Model):
-    """One ``[[ble]]`` device."""
-
-    name: str = Field(min_length=1)
-    address: str | None = Field(None)
-    beacon: str | None = Field(None)
-    format: Literal[_BLE_ADVERT_FORMATS + _BLE_GATT_FORMATS] = Field(  # type: ignore[valid-type]
-        "auto"
-    )
-    bindkey: str | None = Field(None)
-    fields: dict[str, FieldConfig] = Field(default_factory=dict)  # type: ignore[valid-type]
-    only_mapped: bool = Field(False)
-    min_interval: float | None = Field(None, ge=0)
-    heartbeat: float | None = Field(None, ge=0)
-    away_after: float | None = Field(None, gt=0)
-    presence: bool | None = Field(None)
-    rssi: bool = Field(True)
-    characteristics: list[GattCharacteristicConfig] = Field(default_factory=list)
-    poll_interval: float = Field(300.0, gt=0)
-    keep_connected: bool = Field(False)
-    command_uuid: str | None = Field(None)
-    command_response: bool = Field(True)
-
-    _command_uuid = field_validator("command_uuid")(_gatt_uuid)
-
-    @field_validator("name")
-    @classmethod
-    def _topic_level(cls, value: str) -> str:
-        if set(value) & set("/+#$ \x00") or value == "adapter":
-            raise ValueError("must not contain '/', '+', '#', '$' or spaces, nor be 'adapter'")
-        return value
-
-    @field_validator("address")
-    @classmethod
-    def _address(cls, value: str | None) -> str | None:
-        if value is not None and not _BLE_ADDRESS.match(value):
-            raise ValueError(f"{value!r} is not a Bluetooth address like A4:C1:38:12:34:56")
-        return None if value is None else value.upper()
-
-    @field_validator("bindkey")
-    @classmethod
-    def _bindkey(cls, value: str | None) -> str | None:
-        if value is not None:
-            from drivers.parsers.ble.ccm import parse_key
-
-            parse_key(value)
-        return value
-
-    @model_validator(mode="after")
-    def _consistent(self) -> BleDeviceConfig:
-        gatt = self.format in _BLE_GATT_FORMATS
-        if (self.address is None) == (self.beacon is None):
-            raise ValueError("give the device's address, or (for a beacon) its beacon identity")
-        if self.beacon is not None and self.format not in ("auto", "ibeacon", "eddystone"):
-            raise ValueError("beacon applies to formats 'ibeacon' and 'eddystone'")
-        if self.bindkey is not None and self.format not in ("auto", "bthome", "mibeacon"):
-            raise ValueError("bindkey applies to formats 'bthome' and 'mibeacon'")
-        if self.format == "gatt" and not self.characteristics and self.command_uuid is None:
-            raise ValueError("format 'gatt' needs characteristics or a command_uuid")
-        if self.characteristics and not gatt:
-            raise ValueError("characteristics apply to formats 'gatt' and 'lywsd03mmc'")
-        if self.command_uuid is not None and not gatt:
-            raise ValueError("command_uuid applies to formats 'gatt' and 'lywsd03mmc'")
-        if gatt and self.address is None:
-            raise ValueError("a GATT device needs its address")
-        return self
-
-
-class BluetoothConfig(_Model):
-    """``[bluetooth]``: the adapter, its scanner and the watchdog."""
-
-    adapter: str = Field("hci0", pattern=r"^hci[0-9]+$")
-    scanning: Literal["auto", "passive", "active"] = Field("auto")
-    watchdog: float = Field(60.0, ge=0)
-    watchdog_backoff_max: float = Field(300.0, gt=0)
-    queue_size: int = Field(1000, ge=1)
-    max_devices: int = Field(256, ge=1)
-    any_bthome: bool = Field(False)
-    allow: list[str] = Field(default_factory=list)
-    gatt_concurrency: int = Field(1, ge=1, le=8)
-    gatt_timeout: float = Field(20.0, gt=0)
-    reconnect_min: float = Field(1.0, gt=0)
-    reconnect_max: float = Field(300.0, gt=0)
-    min_interval: float = Field(10.0, ge=0)
-    heartbeat: float = Field(300.0, ge=0)
-    away_after: float = Field(300.0, gt=0)
-
-    @field_validator("allow")
-    @classmethod
-    def _patterns(cls, value: list[str]) -> list[str]:
-        for i, pattern in enumerate(value):
-            if not re.fullmatch(r"[0-9A-Fa-f:*?]+", pattern):
-                raise ValueError(f"entry {i} ({pattern!r}) is not an address pattern (A4:C1:38:*)")
-        return value
-
-
-def ble_device_names(value: list[BleDeviceConfig]) -> list[BleDeviceConfig]:
-    names = [d.name for d in value]
-    for name in names:
-        if names.count(name) > 1:
-            raise ValueError(f"two BLE devices are named {name!r}")
-    return value
-
-
-def ble_settings(
-    section: BluetoothConfig, devices: list[BleDeviceConfig]
-) -> drivers.ble.settings.BleSettings | None:
-    """The BLE settings, or None when no BLE device is configured (bleak never loads)."""
-    if not devices and not section.any_bthome:
-        return None
-    from drivers.ble.settings import (
-        BleDevice,
-        GattCharacteristic,
-        GattField,
-    )
-    from drivers.mapping import FieldMap
-
-    def device(d: BleDeviceConfig) -> BleDevice:
-        return BleDevice(
-            name=d.name,
-            address=d.address or "",
-            beacon=d.beacon or "",
-            format=d.format,
-            bindkey=d.bindkey,
-            fields={k: FieldMap(**f.model_dump()) for k, f in d.fields.items()},  # type: ignore[attr-defined]
-            only_mapped=d.only_mapped,
-            min_interval=section.min_interval if d.min_interval is None else d.min_interval,
-            heartbeat=section.heartbeat if d.heartbeat is None else d.heartbeat,
-            away_after=section.away_after if d.away_after is None else d.away_after,
-            presence=d.format in ("ibeacon", "eddystone") or d.beacon is not None
-            if d.presence is None
-            else d.presence,
-            rssi=d.rssi,
-            characteristics=tuple(
-                GattCharacteristic(
-                    c.uuid, c.mode, tuple(GattField(**f.model_dump()) for f in c.fields)
-                )
-                for c in d.characteristics
-            ),
-            poll_interval=d.poll_interval,
-            keep_connected=d.keep_connected,
-            command_uuid=d.command_uuid,
-            command_response=d.command_response,
-        )
-
-    values = section.model_dump()
-    values["allow"] = tuple(values["allow"])
-    return drivers.ble.settings.BleSettings(**values, devices=tuple(device(d) for d in devices))
-
-
 class Config(_ConfigModel):  # type: ignore[valid-type, misc]
     """The whole file, validated."""
-
-    bluetooth: BluetoothConfig = Field(default_factory=BluetoothConfig)
-    ble: list[BleDeviceConfig] = Field(default_factory=list)
-
-    _ble_names = field_validator("ble")(ble_device_names)
 
     def to_runtime(
         self, path: Path | None = None, overrides: Overrides | None = None
@@ -611,7 +506,6 @@ class Config(_ConfigModel):  # type: ignore[valid-type, misc]
             listeners=tuple(self.listener_settings(lc) for lc in self.listeners),
             broker=self.broker_settings(),
             auth=settings_from(self.auth),
-            ble=ble_settings(self.bluetooth, self.ble),
             config_path=None if path is None else str(path),
             override_args=overrides.args() if overrides is not None else (),
         )

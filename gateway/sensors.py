@@ -157,11 +157,11 @@ class SensorHub:
         self.client = LocalClient(broker, f"ledge-sensors-{settings.gateway}", self._command)
         self.sensors = {s.name: SerialSensor(self, s) for s in settings.serial}
         self.ble: BleSensors | None = None
-        if settings.ble is not None:
+        if settings.uses_ble:
             # Imported here: a gateway without BLE devices never loads bleak.
             from gateway.ble import BleSensors
 
-            self.ble = BleSensors(self, settings.ble)
+            self.ble = BleSensors(self, settings.bluetooth, settings.ble)
         self.announced: set[tuple[str, str, str]] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self.gateway_status = f"{settings.prefix}/{settings.gateway}/status"

@@ -17,21 +17,53 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from bleak import BleakClient
 from bleak.backends.device import BLEDevice
 from bleak.exc import BleakError
 
-from drivers.ble.settings import BleDevice, GattCharacteristic
+from drivers.parsers.ble.gatt import FieldSpec
 
 log = logging.getLogger("ledge.ble.gatt")
 
 GATT_ERRORS = (BleakError, TimeoutError, EOFError, OSError, AssertionError, KeyError)
 
+
+class Characteristic(Protocol):
+    """A characteristic to read or subscribe to, and the values in its bytes (the
+    gateway's ``[[ble.characteristics]]``)."""
+
+    @property
+    def uuid(self) -> str: ...
+    @property
+    def mode(self) -> str: ...  # "read" (every poll) or "notify"
+    @property
+    def fields(self) -> Sequence[FieldSpec]: ...
+
+
+class GattSettings(Protocol):
+    """What a GATT device's config says (the gateway's ``[[ble]]`` device)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def address(self) -> str | None: ...
+    @property
+    def characteristics(self) -> Sequence[Characteristic]: ...
+    @property
+    def poll_interval(self) -> float: ...
+    @property
+    def keep_connected(self) -> bool: ...
+    @property
+    def command_uuid(self) -> str | None: ...
+    @property
+    def command_response(self) -> bool: ...
+
+
 #: on_value(characteristic, value bytes); on_state(connected); on_error(reason, text)
-OnValue = Callable[[GattCharacteristic, bytes], None]
+OnValue = Callable[[Characteristic, bytes], None]
 OnState = Callable[[bool], None]
 OnError = Callable[[str, str], None]
 
@@ -53,7 +85,7 @@ class GattDevice:
 
     def __init__(
         self,
-        settings: BleDevice,
+        settings: GattSettings,
         adapter: str,
         slots: asyncio.Semaphore,
         timeout: float,
@@ -101,7 +133,9 @@ class GattDevice:
                 await asyncio.sleep(self.settings.poll_interval)
 
     def _target(self) -> BLEDevice | str:
-        return self.ble_device if self.ble_device is not None else self.settings.address
+        if self.ble_device is not None:
+            return self.ble_device
+        return self.settings.address or ""  # the config requires one for GATT
 
     async def _connect(self) -> BleakClient:
         lost = self._lost = asyncio.Event()
@@ -149,13 +183,13 @@ class GattDevice:
             finally:
                 await self._disconnect(client)
 
-    async def _read(self, client: BleakClient, reads: list[GattCharacteristic]) -> None:
+    async def _read(self, client: BleakClient, reads: list[Characteristic]) -> None:
         for char in reads:
             async with asyncio.timeout(self.timeout):
                 data = await client.read_gatt_char(char.uuid)
             self.on_value(char, bytes(data))
 
-    async def _stay(self, client: BleakClient, reads: list[GattCharacteristic]) -> None:
+    async def _stay(self, client: BleakClient, reads: list[Characteristic]) -> None:
         """Connected until the link drops: reads every poll interval, notifications flow."""
         lost = self._lost
         assert lost is not None
@@ -169,7 +203,7 @@ class GattDevice:
             raise BleakError("disconnected: the link was lost")
 
     def _notified(
-        self, char: GattCharacteristic, event: asyncio.Event
+        self, char: Characteristic, event: asyncio.Event
     ) -> Callable[[Any, bytearray], None]:
         def handler(_sender: Any, data: bytearray) -> None:
             event.set()
