@@ -3,7 +3,7 @@ ITERATIONS ?= 200
 PIPELINE_LINES ?= 250000 1000000 4000000
 FUZZ_SECONDS ?= 600
 
-.PHONY: run test bench bench-quick bench-serial bench-bridge crash-test pipeline-bench fuzz
+.PHONY: run test bench bench-quick bench-serial bench-ble bench-bridge crash-test pipeline-bench fuzz
 
 run:            ## start the gateway on the embedded default config
 	scripts/run
@@ -24,6 +24,10 @@ crash-test:     ## kill -9 Ledge ITERATIONS times under QoS 1/2 load and check n
 bench-serial:   ## sustained line rate of one serial device (a pty) into Ledge, CPU per reading
 	scripts/setup --test
 	.venv/bin/python -m bench.serial
+
+bench-ble:      ## BLE decoders beside the PyPI reference decoders; 50 devices end to end through bleak and a fake BlueZ
+	scripts/setup --test
+	.venv/bin/python -m bench.ble
 
 bench-bridge:   ## the bridge's outbox during an outage and its replay to Mosquitto (100,000 messages)
 	scripts/setup --test

@@ -152,7 +152,7 @@ class Gateway:
     def _start_sensors_and_taps(self, loop: asyncio.AbstractEventLoop) -> None:
         assert self.broker is not None
         config = self.config
-        if config.sensors.serial or config.sensors.homeassistant:
+        if config.sensors.serial or config.sensors.homeassistant or config.sensors.uses_ble:
             # Imported here: a gateway without sensors never loads the drivers.
             from gateway.sensors import SensorHub
 
@@ -239,6 +239,8 @@ class Gateway:
             "queued": sum(b.outbox.count for b in self.bridges),
             "uptime": round(loop.time() - broker.started, 3),
         }
+        if self.sensors is not None:
+            body.update(self.sensors.health())
         self._drops_reported = dropped
         sensors = self.config.sensors
         broker.publish_local(

@@ -15,11 +15,15 @@ from pydantic import BaseModel
 from gateway import __version__
 from gateway.config import (
     AuthConfig,
+    BleDeviceConfig,
+    BluetoothConfig,
     BridgeConfig,
     BridgeRuleConfig,
     BrokerConfig,
     Config,
     GatewayConfig,
+    GattCharacteristicConfig,
+    GattFieldConfig,
     HomeAssistantConfig,
     ListenerConfig,
     LogConfig,
@@ -86,6 +90,10 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("[gateway]", GatewayConfig),
     ("[readings]", ReadingsConfig),
     ("# [[serial]]", SerialConfig),
+    ("[bluetooth]", BluetoothConfig),
+    ("# [[ble]]", BleDeviceConfig),
+    ("# [[ble.characteristics]]", GattCharacteristicConfig),
+    ("# [[ble.characteristics.fields]]", GattFieldConfig),
     ("[homeassistant]", HomeAssistantConfig),
     ("[taps]", TapsConfig),
     ("# [[bridges]]", BridgeConfig),
@@ -120,6 +128,8 @@ def test_example_config_documents_every_option_and_its_reload(
             "homeassistant",
             "taps",
             "bridges",
+            "bluetooth",
+            "ble",
         ):
             continue
         m = re.search(rf"^((?:#.*\n)+)#? ?{name} = ", section, re.M)
