@@ -1,0 +1,142 @@
+"""Clients of another protocol as broker sessions (the firmware bridge's MQTT-SN clients).
+
+A ``ProxyClient`` is a ``LocalClient`` that stands for one remote device rather than
+code inside the gateway, so the rules of an MQTT client apply to it: the ACL (as an
+anonymous client under its client id), ``broker.deny_subscriptions``, the limit of
+subscriptions per client, the refusal of QoS 1/2 messages the store or a bridge's
+outbox cannot take, ``$SYS`` being the broker's, its will, and the counters
+(``clients/connected``, ``publish/messages/received``, ``.../denied``). What it
+receives is handed to its sink, which owns the device's delivery (QoS flows, sleep
+buffers). This is the broker API the firmware bridge uses; it uses nothing else.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gateway.broker.local import LocalClient, Sink
+from gateway.mqtt.packets import Will
+from gateway.mqtt.properties import EMPTY
+from gateway.mqtt.topics import filter_error, has_wildcard, subsumes
+
+if TYPE_CHECKING:
+    from gateway.broker.acl import Acl
+    from gateway.broker.core import Broker
+
+
+class ProxyClient(LocalClient):
+    """One remote device as a connected session of ``broker``."""
+
+    __slots__ = ("closed", "counted")
+
+    def __init__(
+        self,
+        broker: Broker,
+        client_id: str,
+        sink: Sink,
+        *,
+        acl: Acl | None,
+        now: float,
+        counted: bool = True,
+    ) -> None:
+        """``counted``: a device (counted as a connected client), or the gateway's own
+        session for messages that name no client (QoS -1)."""
+        super().__init__(broker, client_id, sink)
+        self.closed = False
+        self.counted = counted
+        if acl is not None:
+            broker.apply_rules(self.session, acl.rules_for(None, client_id), now)
+        if not counted:
+            return
+        broker.connected += 1
+        stats = broker.stats
+        stats.connections_total += 1
+        stats.clients_maximum = max(stats.clients_maximum, broker.connected)
+
+    # ------------------------------------------------------------------ publishing
+
+    def refusal(self, topic: str, qos: int, retain: bool, size: int) -> str | None:
+        """Why a PUBLISH from this device cannot be accepted now, or None. Counted as
+        denied when it is the ACL or ``$SYS``."""
+        broker = self.broker
+        if topic.startswith("$SYS"):
+            broker.stats.publish_denied += 1
+            return "$SYS belongs to the broker"
+        rules = self.session.rules
+        if rules is not None and not rules.can_write(topic):
+            broker.stats.publish_denied += 1
+            return "not authorized by the ACL"
+        if qos > 0:
+            why = broker.publish_refusal(topic, retain, size)
+            if why is not None:
+                broker.stats.publish_denied += 1
+                return why
+        return None
+
+    def publish_counted(
+        self, topic: str, payload: bytes, now: float, *, qos: int = 0, retain: bool = False
+    ) -> int | None:
+        """Route a message from the device (checked with ``refusal`` first).
+
+        Returns the store batch that must commit before the message may be
+        acknowledged (acknowledged means durable), or None when nothing was stored.
+        """
+        broker = self.broker
+        broker.stats.publish_received += 1
+        journal = broker.journal
+        mark = len(journal.ops) if journal is not None else 0
+        self.publish(topic, payload, now, qos=qos, retain=retain, properties=EMPTY)
+        if journal is not None and len(journal.ops) != mark:
+            return journal.batch_id
+        return None
+
+    # ------------------------------------------------------------------ subscribing
+
+    def subscribe_checked(self, topic_filter: str, qos: int, now: float) -> str | None:
+        """Subscribe as the broker would subscribe an MQTT client, or say why not.
+
+        Retained messages the device may read are handed to the sink at once.
+        """
+        broker = self.broker
+        settings = broker.settings
+        error = filter_error(topic_filter)
+        if error:
+            return error
+        if not settings.wildcard_subscriptions and has_wildcard(topic_filter):
+            return "wildcard subscriptions are disabled"
+        denied = next((d for d in settings.deny_subscriptions if subsumes(d, topic_filter)), None)
+        if denied is not None:
+            return f"denied by broker.deny_subscriptions ({denied!r})"
+        rules = self.session.rules
+        if rules is not None and not rules.can_subscribe(topic_filter):
+            return "not authorized by the ACL"
+        subs = self.session.subscriptions
+        if topic_filter not in subs and len(subs) >= settings.max_subscriptions_per_client:
+            return f"limit of {settings.max_subscriptions_per_client} subscriptions per client"
+        self.subscribe(topic_filter, qos, now, retained=False)
+        for msg in broker.retained.matching(topic_filter, now):
+            if rules is None or rules.can_read(msg.topic):
+                broker.deliver(self.session, msg, min(qos, msg.qos), True, (), None, now)
+        return None
+
+    # ------------------------------------------------------------------ end
+
+    def publish_will(self, topic: str, payload: bytes, qos: int, retain: bool, now: float) -> None:
+        """The device was lost: publish its will as the broker publishes any will
+        (the ACL is checked again; ``$SYS`` is refused)."""
+        if topic.startswith("$SYS"):
+            self.broker.stats.publish_denied += 1
+            return
+        self.broker.publish_will(
+            Will(topic, payload, qos, retain), self.client_id, now, self.session
+        )
+
+    def close(self, now: float) -> None:
+        """The device's session ends: its subscriptions go, it no longer counts as
+        connected."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.counted:
+            self.broker.connected -= 1
+        super().close(now)
