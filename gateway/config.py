@@ -28,8 +28,11 @@ from gateway.bridge.rules import rule_errors
 from gateway.bridge.settings import BridgeSettings, OutboxSettings, RuleSettings, TlsSettings
 from gateway.broker.settings import NEVER_EXPIRES, BrokerSettings
 from gateway.mqtt.reason_codes import ReasonCode
-from gateway.mqtt.topics import filter_error
+from gateway.mqtt.topics import filter_error, topic_name_error
 from gateway.mqtt.wire import VARINT_MAX
+from gateway.mqttsn.settings import MqttSnSettings
+from gateway.mqttsn.settings import SerialSettings as MqttSnSerial
+from gateway.mqttsn.settings import UdpSettings as MqttSnUdp
 from gateway.runtime import (
     ConfigError,
     FieldSettings,
@@ -416,6 +419,96 @@ def parse_remote(text: str, tls: bool) -> tuple[str, int]:
     return host, int(port_text)
 
 
+# ----------------------------------------------------------------------- [mqttsn]
+# The firmware bridge (MQTT-SN 1.2): its transports, predefined topics and bounds.
+
+
+class MqttSnUdpConfig(_Model):
+    host: str = Field("127.0.0.1", json_schema_extra=_reload(False))
+    port: int = Field(1884, ge=0, le=65535, json_schema_extra=_reload(False))
+    name: str = Field("", json_schema_extra=_reload(False))
+    broadcast: list[str] = Field(default_factory=list, json_schema_extra=_reload(False))
+    allow_client_ids: list[str] = Field(default_factory=list, json_schema_extra=_reload(False))
+
+    @field_validator("broadcast")
+    @classmethod
+    def _addresses(cls, value: list[str]) -> list[str]:
+        for text in value:
+            parse_remote(text, False)
+        return value
+
+
+class MqttSnSerialConfig(_Model):
+    name: str = Field(min_length=1, json_schema_extra=_reload(False))
+    path: str = Field(min_length=1, json_schema_extra=_reload(False))
+    baudrate: int = Field(115200, gt=0, json_schema_extra=_reload(False))
+    allow_client_ids: list[str] = Field(default_factory=list, json_schema_extra=_reload(False))
+
+
+class MqttSnConfig(_Model):
+    udp: list[MqttSnUdpConfig] = Field(default_factory=list, json_schema_extra=_reload(False))
+    serial: list[MqttSnSerialConfig] = Field(default_factory=list, json_schema_extra=_reload(False))
+    gateway_id: int = Field(1, ge=0, le=255, json_schema_extra=_reload(False))
+    advertise_interval: float = Field(900.0, ge=0, le=65535, json_schema_extra=_reload(False))
+    predefined_topics: dict[int, str] = Field(
+        default_factory=dict, json_schema_extra=_reload(False)
+    )
+    max_clients: int = Field(1024, ge=1, json_schema_extra=_reload(False))
+    max_connecting: int = Field(64, ge=1, json_schema_extra=_reload(False))
+    max_message_size: int = Field(1024, ge=64, le=65535, json_schema_extra=_reload(False))
+    max_topics_per_client: int = Field(64, ge=1, le=65534, json_schema_extra=_reload(False))
+    max_queued_messages: int = Field(100, ge=1, json_schema_extra=_reload(False))
+    queue_policy: Literal["drop-oldest", "drop-new"] = Field(
+        "drop-oldest", json_schema_extra=_reload(False)
+    )
+    retry_interval: float = Field(10.0, gt=0, json_schema_extra=_reload(False))
+    max_retries: int = Field(5, ge=0, json_schema_extra=_reload(False))
+    connect_timeout: float = Field(10.0, gt=0, json_schema_extra=_reload(False))
+    qos_minus_one: bool = Field(True, json_schema_extra=_reload(False))
+    keepalive_grace: float = Field(1.5, ge=1.0, json_schema_extra=_reload(False))
+
+    @field_validator("predefined_topics")
+    @classmethod
+    def _predefined(cls, value: dict[int, str]) -> dict[int, str]:
+        for topic_id, name in value.items():
+            if not 0 < topic_id < 0xFFFF:
+                raise ValueError(f"topic id {topic_id} is not 1..65534")
+            error = topic_name_error(name)
+            if error:
+                raise ValueError(f"topic id {topic_id} ({name!r}): {error}")
+        return value
+
+    @model_validator(mode="after")
+    def _names(self) -> MqttSnConfig:
+        labels = [u.name or f"udp {u.host}:{u.port}" for u in self.udp] + [
+            s.name for s in self.serial
+        ]
+        for label in labels:
+            if labels.count(label) > 1:
+                raise ValueError(f"two MQTT-SN transports are named {label!r}")
+        return self
+
+    def to_settings(self) -> MqttSnSettings:
+        values = self.model_dump(exclude={"udp", "serial"})
+        return MqttSnSettings(
+            udp=tuple(
+                MqttSnUdp(
+                    **{
+                        **u.model_dump(),
+                        "broadcast": tuple(u.broadcast),
+                        "allow_client_ids": tuple(u.allow_client_ids),
+                    }
+                )
+                for u in self.udp
+            ),
+            serial=tuple(
+                MqttSnSerial(**{**s.model_dump(), "allow_client_ids": tuple(s.allow_client_ids)})
+                for s in self.serial
+            ),
+            **values,
+        )
+
+
 class AuthConfig(_Model):
     """Defaults for listeners that say nothing, and the failed-login slowdown."""
 
@@ -453,6 +546,7 @@ class Config(_Model):
     homeassistant: HomeAssistantConfig = Field(default_factory=HomeAssistantConfig)
     taps: TapsConfig = Field(default_factory=TapsConfig)
     bridges: list[BridgeConfig] = Field(default_factory=list, json_schema_extra=_reload(False))
+    mqttsn: MqttSnConfig = Field(default_factory=MqttSnConfig)
 
     @field_validator("serial")
     @classmethod
@@ -510,6 +604,7 @@ class Config(_Model):
             ),
             taps=TapSettings(self.taps.module, self.taps.queue_size),
             bridges=tuple(b.to_settings() for b in self.bridges),
+            mqttsn=self.mqttsn.to_settings(),
             health_interval=self.gateway.health_interval,
             config_path=None if path is None else str(path),
             override_args=overrides.args() if overrides is not None else (),

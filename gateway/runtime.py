@@ -22,6 +22,8 @@ from gateway.broker.auth import (
     parse_password_file,
 )
 from gateway.broker.settings import BrokerSettings
+from gateway.mqttsn.settings import MqttSnSettings, UdpSettings
+from gateway.mqttsn.settings import SerialSettings as MqttSnSerial
 from gateway.store.settings import StoreSettings
 
 if TYPE_CHECKING:
@@ -125,6 +127,7 @@ class RuntimeConfig:
     sensors: SensorSettings = field(default_factory=lambda: SensorSettings("ledge"))
     taps: TapSettings = field(default_factory=TapSettings)
     bridges: tuple[BridgeSettings, ...] = ()
+    mqttsn: MqttSnSettings = field(default_factory=MqttSnSettings)
     #: Seconds between <prefix>/<gateway>/health reports; 0: none.
     health_interval: float = 60.0
     #: The file the config came from (None: the embedded default) ...
@@ -155,6 +158,7 @@ class RuntimeConfig:
             sensors=_sensor_settings(data["sensors"]),
             taps=TapSettings(**data["taps"]),
             bridges=tuple(_bridge_settings(b) for b in data["bridges"]),
+            mqttsn=_mqttsn_settings(data["mqttsn"]),
             health_interval=data["health_interval"],
             config_path=data["config_path"],
             override_args=tuple(data["override_args"]),
@@ -183,6 +187,30 @@ def _bridge_settings(data: dict[str, Any]) -> BridgeSettings:
             "rules": tuple(RuleSettings(**r) for r in data["rules"]),
             "tls": TlsSettings(**data["tls"]),
             "outbox": OutboxSettings(**data["outbox"]),
+        }
+    )
+
+
+def _mqttsn_settings(data: dict[str, Any]) -> MqttSnSettings:
+    return MqttSnSettings(
+        **{
+            **data,
+            "udp": tuple(
+                UdpSettings(
+                    **{
+                        **u,
+                        "broadcast": tuple(u["broadcast"]),
+                        "allow_client_ids": tuple(u["allow_client_ids"]),
+                    }
+                )
+                for u in data["udp"]
+            ),
+            "serial": tuple(
+                MqttSnSerial(**{**s, "allow_client_ids": tuple(s["allow_client_ids"])})
+                for s in data["serial"]
+            ),
+            # JSON object keys are strings; topic ids are numbers.
+            "predefined_topics": {int(k): v for k, v in data["predefined_topics"].items()},
         }
     )
 

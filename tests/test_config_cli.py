@@ -22,6 +22,9 @@ from gateway.config import (
     HomeAssistantConfig,
     ListenerConfig,
     LogConfig,
+    MqttSnConfig,
+    MqttSnSerialConfig,
+    MqttSnUdpConfig,
     ReadingsConfig,
     SerialConfig,
     StoreConfig,
@@ -89,6 +92,9 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("[taps]", TapsConfig),
     ("# [[bridges]]", BridgeConfig),
     ("# [[bridges.rules]]", BridgeRuleConfig),
+    ("[mqttsn]", MqttSnConfig),
+    ("# [[mqttsn.udp]]", MqttSnUdpConfig),
+    ("# [[mqttsn.serial]]", MqttSnSerialConfig),
     ("[auth]", AuthConfig),
     ("[log]", LogConfig),
 ]
@@ -119,6 +125,7 @@ def test_example_config_documents_every_option_and_its_reload(
             "homeassistant",
             "taps",
             "bridges",
+            "mqttsn",
         ):
             continue
         m = re.search(rf"^((?:#.*\n)+)#? ?{name} = ", section, re.M)

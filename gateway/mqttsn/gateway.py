@@ -214,7 +214,7 @@ class SnClient:
     @property
     def where(self) -> str:
         node = f" node {self.node_id.hex()}" if self.node_id else ""
-        return f"{self.transport} {_address_text(self.address)}{node}"
+        return f"{_address_text(self.address)}{node} ({self.transport})"
 
     def receive(self, msg: Message, qos: int, retain: bool, _sub_ids: tuple[int, ...]) -> None:
         """The broker's sink: a message for this client's subscriptions."""
@@ -1313,7 +1313,7 @@ def _address_text(address: Address) -> str:
 def _where(key: tuple[str, Address, bytes]) -> str:
     transport, address, node_id = key
     node = f" node {node_id.hex()}" if node_id else ""
-    return f"{transport} {_address_text(address)}{node}"
+    return f"{_address_text(address)}{node} ({transport})"
 
 
 Handler = Callable[[Gateway, tuple[str, Address, bytes], Packet, float], None]
