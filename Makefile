@@ -3,7 +3,7 @@ ITERATIONS ?= 200
 ROWS ?= 1000000
 FUZZ_SECONDS ?= 600
 
-.PHONY: run test bench bench-quick bench-serial bench-bridge crash-test pipeline-bench fuzz
+.PHONY: run test bench bench-quick bench-serial bench-bridge bench-mqttsn crash-test pipeline-bench fuzz
 
 run:            ## start the gateway on the embedded default config
 	scripts/run
@@ -28,6 +28,10 @@ bench-serial:   ## sustained line rate of one serial device (a pty) into Ledge, 
 bench-bridge:   ## the bridge's outbox during an outage and its replay to Mosquitto (100,000 messages)
 	scripts/setup --test
 	.venv/bin/python -m bench.bridge
+
+bench-mqttsn:   ## firmware bridge: MQTT-SN/UDP vs MQTT/TCP PUBLISH/s, RSS per idle client, 1,000-client sleep soak (~12 min)
+	scripts/setup --test
+	.venv/bin/python -m bench.mqttsn
 
 pipeline-bench: ## pipeline silver and gold rows/s over 1M generated rows on local[2], DuckDB beside it
 	scripts/setup --test

@@ -36,6 +36,7 @@ def child(target: str, libfuzzer_args: list[str]) -> None:
         import gateway.broker.acl
         import gateway.broker.handle_login
         import gateway.broker.logins
+        import gateway.mqttsn.gateway
         import gateway.net.websocket  # noqa: F401
         from fuzz.targets import TARGETS
     function = TARGETS[target]
@@ -102,7 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         child(argv[1], argv[3:])
         return 0
     parser = argparse.ArgumentParser(prog="python -m fuzz", description=__doc__.split("\n")[0])
-    parser.add_argument("--target", choices=["codec", "session", "websocket", "all"], default="all")
+    parser.add_argument(
+        "--target",
+        choices=["codec", "session", "websocket", "mqttsn_codec", "mqttsn_gateway", "all"],
+        default="all",
+    )
     parser.add_argument("--seconds", type=int, help="per target (default 300)")
     parser.add_argument("--runs", type=int, help="inputs per target instead of a duration")
     parser.add_argument("--quiet", action="store_true")

@@ -338,8 +338,15 @@ def fuzz_websocket(data: bytes) -> int:
     return len(expected)
 
 
+def _mqttsn_targets() -> dict[str, Callable[[bytes], int]]:
+    from fuzz.mqttsn import fuzz_mqttsn_codec, fuzz_mqttsn_gateway
+
+    return {"mqttsn_codec": fuzz_mqttsn_codec, "mqttsn_gateway": fuzz_mqttsn_gateway}
+
+
 TARGETS: Final[dict[str, Callable[[bytes], int]]] = {
     "codec": fuzz_codec,
     "session": fuzz_session,
     "websocket": fuzz_websocket,
+    **_mqttsn_targets(),
 }

@@ -268,8 +268,10 @@ def _will_topic(
     kind: type[WillTopic | WillTopicUpd],
 ) -> Callable[[bytes, int], WillTopic | WillTopicUpd]:
     def read(data: bytes, at: int) -> WillTopic | WillTopicUpd:
-        if len(data) == at:
-            return kind()  # the empty form: delete the Will (sections 5.4.7, 5.4.22)
+        if len(data) <= at + 1:
+            # The empty form deletes the Will (sections 5.4.7, 5.4.22); flags without a
+            # topic mean the same.
+            return kind()
         flags = data[at]
         qos = _qos(flags)
         if qos < 0:

@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ledge.mqttsn")
 
-#: Largest datagram read from a socket: the 3-octet Length's maximum.
-MAX_DATAGRAM = 65_535
+#: Kernel receive buffer asked for each UDP socket (bytes).
+RECEIVE_BUFFER = 4 * 1024 * 1024
 
 
 class UdpEndpoint(asyncio.DatagramProtocol):
@@ -45,8 +45,21 @@ class UdpEndpoint(asyncio.DatagramProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.DatagramTransport, transport)
         sock = self.transport.get_extra_info("socket")
-        if sock is not None and sock.family == socket.AF_INET and self.settings.broadcast:
+        if sock is None:
+            return
+        if sock.family == socket.AF_INET and self.settings.broadcast:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+        # A burst from many devices must not overflow the kernel's queue (each datagram
+        # costs about 1 KiB of it): ask for RECEIVE_BUFFER, beyond net.core.rmem_max
+        # when allowed (root), else as much as the system gives.
+        force = getattr(socket, "SO_RCVBUFFORCE", None)
+        try:
+            if force is None:
+                raise PermissionError
+            sock.setsockopt(socket.SOL_SOCKET, force, RECEIVE_BUFFER)
+        except PermissionError:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
 
     def datagram_received(self, data: bytes, addr: Any) -> None:
         self.shell.received(self.label, addr, data)
