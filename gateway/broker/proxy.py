@@ -12,9 +12,11 @@ buffers). This is the broker API the firmware bridge uses; it uses nothing else.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING
 
 from gateway.broker.local import LocalClient, Sink
+from gateway.broker.session import Outgoing
 from gateway.mqtt.packets import Will
 from gateway.mqtt.properties import EMPTY
 from gateway.mqtt.topics import filter_error, has_wildcard, subsumes
@@ -22,6 +24,12 @@ from gateway.mqtt.topics import filter_error, has_wildcard, subsumes
 if TYPE_CHECKING:
     from gateway.broker.acl import Acl
     from gateway.broker.core import Broker
+
+
+#: Shared by every proxy session, and always empty (see ``ProxyClient.__init__``).
+_NO_QUEUE: deque[Outgoing] = deque()
+_NO_INFLIGHT: dict[int, Outgoing] = {}
+_NO_QOS2: set[int] = set()
 
 
 class ProxyClient(LocalClient):
@@ -42,6 +50,13 @@ class ProxyClient(LocalClient):
         """``counted``: a device (counted as a connected client), or the gateway's own
         session for messages that name no client (QoS -1)."""
         super().__init__(broker, client_id, sink)
+        # Its sink takes every message, so the session never queues, has nothing in
+        # flight and no inbound QoS 2 of its own: it shares empty containers instead of
+        # allocating its own (about 1 KiB a device, which a thousand devices feel).
+        session = self.session
+        session.queue = _NO_QUEUE
+        session.inflight = _NO_INFLIGHT
+        session.incoming_qos2 = _NO_QOS2
         self.closed = False
         self.counted = counted
         if acl is not None:

@@ -173,7 +173,6 @@ class SnClient:
         "state",
         "timer",
         "topic_ids",
-        "topic_names",
         "transport",
         "will",
     )
@@ -195,9 +194,10 @@ class SnClient:
         self.retries = 0
         self.proxy: ProxyClient | None = None
         self.will: Will | None = None
-        #: Topic name -> id and back, for ids this gateway assigned (section 6.5).
+        #: Topic name -> id, for ids this gateway assigned (section 6.5). Looked up
+        #: backwards by a scan: the table is small (``max_topics_per_client``) and one
+        #: dict per client instead of two saves memory on idle clients.
         self.topic_ids: dict[str, int] | None = None
-        self.topic_names: dict[int, str] | None = None
         self.next_topic_id = 1
         self.next_msg_id = 1
         self.queue: deque[Outbound] | None = None
@@ -437,7 +437,7 @@ class Gateway:
                 self.connecting += 1
             self._cancel_timers(client)
             client.timer = self.timers.at(
-                now + self.settings.connect_timeout, self._connect_timer, client
+                now + self.settings.connect_timeout, _connect_deadline, client
             )
             self._send(client, WillTopicReq())
             return
@@ -485,7 +485,7 @@ class Gateway:
         if client.proxy is not None:
             client.proxy.close(now)
             client.proxy = None
-        client.topic_ids = client.topic_names = None
+        client.topic_ids = None
         client.next_topic_id = 1
         client.inbound_qos2 = None
         self._drop_queue(client)
@@ -657,7 +657,7 @@ class Gateway:
         client.timer = None
         if client.duration:
             due = now + client.duration * self.settings.keepalive_grace
-            client.timer = self.timers.at(due, self._silence_timer, client)
+            client.timer = self.timers.at(due, _silence, client)
 
     def _silence_timer(self, client: SnClient, now: float) -> None:
         """Keep alive (6.11) or the sleep duration (6.14) ran out without a word."""
@@ -672,7 +672,7 @@ class Gateway:
             return
         due = client.last_rx + period * self.settings.keepalive_grace
         if now < due:
-            client.timer = self.timers.at(due, self._silence_timer, client)
+            client.timer = self.timers.at(due, _silence, client)
             return
         what = "keep alive" if client.state is State.ACTIVE else "sleep duration"
         self._lost(client, now, f"{what} of {period} s passed without a message")
@@ -721,7 +721,7 @@ class Gateway:
             client.sleep_duration = packet.duration
             self._cancel_timers(client)
             client.timer = self.timers.at(
-                now + packet.duration * self.settings.keepalive_grace, self._silence_timer, client
+                now + packet.duration * self.settings.keepalive_grace, _silence, client
             )
             log.debug("client %r asleep for %d s", client.client_id, packet.duration)
             self._send(client, Disconnect())
@@ -793,7 +793,6 @@ class Gateway:
         ids = client.topic_ids
         if ids is None:
             ids = client.topic_ids = {}
-            client.topic_names = {}
         topic_id = ids.get(name)
         if topic_id is not None:
             return topic_id
@@ -806,14 +805,15 @@ class Gateway:
                 name,
             )
             return None
-        names = client.topic_names
-        assert names is not None
         topic_id = client.next_topic_id
-        while topic_id in names or topic_id in RESERVED_TOPIC_IDS:
-            topic_id = topic_id + 1 if topic_id < 0xFFFE else 1
-        client.next_topic_id = topic_id + 1 if topic_id < 0xFFFE else 1
+        if topic_id in RESERVED_TOPIC_IDS:
+            topic_id = 1
+        if topic_id == 1 and ids:  # wrapped after 65,534 ids: skip those in use
+            used = set(ids.values())
+            while topic_id in used:
+                topic_id += 1
+        client.next_topic_id = topic_id + 1
         ids[name] = topic_id
-        names[topic_id] = name
         return topic_id
 
     def _regack(self, key: tuple[str, Address, bytes], packet: RegAck, now: float) -> None:
@@ -840,17 +840,19 @@ class Gateway:
         self._pump(client, now)
 
     def _forget_topic(self, client: SnClient, name: str) -> None:
-        if client.topic_ids is not None and client.topic_names is not None:
-            topic_id = client.topic_ids.pop(name, None)
-            if topic_id is not None:
-                client.topic_names.pop(topic_id, None)
+        if client.topic_ids is not None:
+            client.topic_ids.pop(name, None)
 
     # ================================================================== publishing (6.6, 6.8)
 
     def _topic_of(self, client: SnClient | None, id_type: int, topic_id: int) -> str | None:
         if id_type == TopicIdType.NORMAL:
-            names = client.topic_names if client is not None else None
-            return names.get(topic_id) if names else None
+            ids = client.topic_ids if client is not None else None
+            if ids:
+                for name, known in ids.items():
+                    if known == topic_id:
+                        return name
+            return None
         if id_type == TopicIdType.PREDEFINED:
             return self.predefined.get(topic_id)
         if id_type == TopicIdType.SHORT:
@@ -1107,7 +1109,7 @@ class Gateway:
             self._cancel_timers(client)
             client.timer = self.timers.at(
                 now + client.sleep_duration * self.settings.keepalive_grace,
-                self._silence_timer,
+                _silence,
                 client,
             )
 
@@ -1166,9 +1168,7 @@ class Gateway:
 
     def _start_retry(self, client: SnClient, now: float) -> None:
         self.timers.cancel(client.retry_timer)
-        client.retry_timer = self.timers.at(
-            now + self.settings.retry_interval, self._retry_timer, client
-        )
+        client.retry_timer = self.timers.at(now + self.settings.retry_interval, _retry, client)
 
     def _stop_retry(self, client: SnClient) -> None:
         self.timers.cancel(client.retry_timer)
@@ -1297,6 +1297,20 @@ class Gateway:
 
 def _nothing() -> None:
     pass
+
+
+# Timer callbacks as plain functions: a bound method would be one more object per
+# client and deadline (idle clients are many; each byte counts a thousand times).
+def _silence(client: SnClient, now: float) -> None:
+    client.gateway._silence_timer(client, now)
+
+
+def _retry(client: SnClient, now: float) -> None:
+    client.gateway._retry_timer(client, now)
+
+
+def _connect_deadline(client: SnClient, now: float) -> None:
+    client.gateway._connect_timer(client, now)
 
 
 def _discard(msg: Message, qos: int, retain: bool, sub_ids: tuple[int, ...]) -> None:
