@@ -387,6 +387,20 @@ def soak(ledge: Ledge, clients: int, seconds: float, sleep_s: float = 5.0) -> So
     end = start + seconds
     last_rss = 0.0
     last_wake_scan = 0.0
+
+    def serve(timeout: float) -> None:
+        """Handle what the gateway sent to devices, as each device would."""
+        for key, _ in sel.select(timeout=timeout):
+            d = key.data
+            try:
+                while True:
+                    msg = decode(d.sock.recv(65536))
+                    _device_event(
+                        d, msg, state, wake_at, result, seen_down, up_pending, sleep_s, rng
+                    )
+            except BlockingIOError:
+                pass
+
     for d in devices:  # everyone goes to sleep at a random phase
         d.send(sn.Disconnect(int(sleep_s * 3)))
         state[d.client_id] = "sleeping"
@@ -425,25 +439,8 @@ def soak(ledge: Ledge, clients: int, seconds: float, sleep_s: float = 5.0) -> So
                 elif state[cid] == "waking" and now >= wake_at[cid]:
                     d.send(sn.PingReq(cid))
                     wake_at[cid] = now + 2.0
-        for key, _ in sel.select(timeout=0.002):
-            d = key.data
-            try:
-                while True:
-                    msg = decode(d.sock.recv(65536))
-                    _device_event(
-                        d, msg, state, wake_at, result, seen_down, up_pending, sleep_s, rng
-                    )
-            except BlockingIOError:
-                pass
-        for first, body in watch.frames():
-            if first >> 4 == 3:
-                tlen = int.from_bytes(body[:2], "big")
-                topic = body[2 : 2 + tlen].decode()
-                pid = int.from_bytes(body[2 + tlen : 4 + tlen], "big")
-                payload = body[4 + tlen :]
-                watch.sock.sendall(mqtt.puback(pid))
-                if up_pending.pop((topic, int(payload.split(b":")[0])), None) is not None:
-                    result.up_received += 1
+        serve(0.002)
+        _collect_upstream(watch, up_pending, result)
         if now >= end + sleep_s * 2 + 2:
             break
     # Last round: wake every device once more and collect the rest.
@@ -455,25 +452,8 @@ def soak(ledge: Ledge, clients: int, seconds: float, sleep_s: float = 5.0) -> So
         result.down_received + result.down_duplicates < result.down_acknowledged
         or result.up_received < result.up_acknowledged
     ):
-        for key, _ in sel.select(timeout=0.05):
-            d = key.data
-            try:
-                while True:
-                    msg = decode(d.sock.recv(65536))
-                    _device_event(
-                        d, msg, state, wake_at, result, seen_down, up_pending, sleep_s, rng
-                    )
-            except BlockingIOError:
-                pass
-        for first, body in watch.frames():
-            if first >> 4 == 3:
-                tlen = int.from_bytes(body[:2], "big")
-                topic = body[2 : 2 + tlen].decode()
-                pid = int.from_bytes(body[2 + tlen : 4 + tlen], "big")
-                watch.sock.sendall(mqtt.puback(pid))
-                payload = body[4 + tlen :]
-                if up_pending.pop((topic, int(payload.split(b":")[0])), None) is not None:
-                    result.up_received += 1
+        serve(0.05)
+        _collect_upstream(watch, up_pending, result)
     result.seconds = seconds
     result.rss_kib.append(ledge.rss)
     for d in devices:
@@ -481,6 +461,21 @@ def soak(ledge: Ledge, clients: int, seconds: float, sleep_s: float = 5.0) -> So
     pub.close()
     watch.close()
     return result
+
+
+def _collect_upstream(
+    watch: MqttClient, up_pending: dict[tuple[str, int], bytes], result: SoakResult
+) -> None:
+    """Count (and acknowledge) the devices' readings at the MQTT subscriber."""
+    for first, body in watch.frames():
+        if first >> 4 == 3:
+            tlen = int.from_bytes(body[:2], "big")
+            topic = body[2 : 2 + tlen].decode()
+            pid = int.from_bytes(body[2 + tlen : 4 + tlen], "big")
+            watch.sock.sendall(mqtt.puback(pid))
+            payload = body[4 + tlen :]
+            if up_pending.pop((topic, int(payload.split(b":")[0])), None) is not None:
+                result.up_received += 1
 
 
 def _device_event(

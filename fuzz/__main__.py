@@ -36,6 +36,7 @@ def child(target: str, libfuzzer_args: list[str]) -> None:
         import gateway.broker.acl
         import gateway.broker.handle_login
         import gateway.broker.logins
+        import fuzz.mqttsn
         import gateway.mqttsn.gateway
         import gateway.net.websocket  # noqa: F401
         from fuzz.targets import TARGETS

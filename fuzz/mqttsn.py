@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Final
 
+# fuzz.targets registers these targets when it is imported; its Reader is defined by then.
+from fuzz.targets import Reader
 from gateway.broker.core import Broker
 from gateway.broker.local import LocalClient
 from gateway.broker.settings import BrokerSettings
@@ -37,31 +39,6 @@ DEVICES: Final = (
     ("uart", "/dev/ttyRADIO", b"\x00\x02"),
 )
 MAX_CLIENTS: Final = 3
-
-
-class Reader:
-    """The fuzzer's bytes as a stream of choices; zeros once exhausted."""
-
-    __slots__ = ("data", "pos")
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.pos = 0
-
-    @property
-    def left(self) -> int:
-        return len(self.data) - self.pos
-
-    def byte(self) -> int:
-        if self.pos >= len(self.data):
-            return 0
-        self.pos += 1
-        return self.data[self.pos - 1]
-
-    def take(self, n: int) -> bytes:
-        out = self.data[self.pos : self.pos + n]
-        self.pos += len(out)
-        return out
 
 
 def fuzz_mqttsn_codec(data: bytes) -> int:

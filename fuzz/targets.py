@@ -338,15 +338,24 @@ def fuzz_websocket(data: bytes) -> int:
     return len(expected)
 
 
-def _mqttsn_targets() -> dict[str, Callable[[bytes], int]]:
-    from fuzz.mqttsn import fuzz_mqttsn_codec, fuzz_mqttsn_gateway
+def fuzz_mqttsn_codec(data: bytes) -> int:
+    """The firmware bridge's codec and UART deframer (``fuzz/mqttsn.py``)."""
+    from fuzz import mqttsn
 
-    return {"mqttsn_codec": fuzz_mqttsn_codec, "mqttsn_gateway": fuzz_mqttsn_gateway}
+    return mqttsn.fuzz_mqttsn_codec(data)
+
+
+def fuzz_mqttsn_gateway(data: bytes) -> int:
+    """The firmware bridge's gateway logic on a broker core (``fuzz/mqttsn.py``)."""
+    from fuzz import mqttsn
+
+    return mqttsn.fuzz_mqttsn_gateway(data)
 
 
 TARGETS: Final[dict[str, Callable[[bytes], int]]] = {
     "codec": fuzz_codec,
     "session": fuzz_session,
     "websocket": fuzz_websocket,
-    **_mqttsn_targets(),
+    "mqttsn_codec": fuzz_mqttsn_codec,
+    "mqttsn_gateway": fuzz_mqttsn_gateway,
 }

@@ -612,6 +612,24 @@ def test_publish_under_sys_is_refused() -> None:
     assert dev.expect(PubAck).return_code == ReturnCode.NOT_SUPPORTED
 
 
+def test_a_puback_that_needs_the_store_waits_for_its_commit() -> None:
+    """Acknowledged means durable: a retained QoS 1 message is stored first."""
+    from gateway.broker.journal import Journal
+
+    h = SnHarness()
+    h.broker.journal = Journal()
+    dev = h.device()
+    dev.connect()
+    tid = dev.register("state/x").topic_id
+    pid = dev.publish(tid, b"kept", qos=1, retain=True)
+    dev.send(PingReq())  # later output to the same device waits behind the PUBACK
+    dev.nothing()
+    batch = h.broker.seal_batch()
+    assert batch is not None and batch[1]  # the retained message, for the store
+    h.gateway.committed(batch[0])
+    assert dev.take() == [PubAck(tid, pid, ReturnCode.ACCEPTED), PingResp()]
+
+
 # ---------------------------------------------------------------------- forwarders (5.5)
 
 

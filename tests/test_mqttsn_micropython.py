@@ -154,6 +154,27 @@ def test_gateway_discovery_then_connect(bridge: Bridge, devices: list[MicroPytho
     dev.call("connect")
 
 
+def test_qos_minus_one_needs_no_connection(
+    tmp_path: Path, devices: list[MicroPythonDevice]
+) -> None:
+    """QoS -1 (section 6.8) on a predefined topic id and on a short topic name."""
+    b = Bridge(tmp_path, extra='predefined_topics = { 5 = "plant/boiler/temperature" }')
+    try:
+        w = b.watcher()
+        dev = udp_device(b, devices, "fire-and-forget", predefined={"plant/boiler/temperature": 5})
+        dev.call("publish plant/boiler/temperature -1 80.5")
+        dev.call("publish tt -1 short")
+        got = w.wait_messages(2)
+        assert sorted((m.topic, m.payload) for m in got) == [
+            ("plant/boiler/temperature", b"80.5"),
+            ("tt", b"short"),
+        ]
+        assert "'fire-and-forget' connected" not in b.proc.log  # it never connected
+        w.disconnect()
+    finally:
+        b.proc.stop()
+
+
 def test_a_lost_puback_is_resent_and_the_message_arrives(
     bridge: Bridge, devices: list[MicroPythonDevice]
 ) -> None:
@@ -256,6 +277,9 @@ def test_uart_device_through_a_pty_opened_by_the_gateway(
         proc.wait_log(r"radio: connected at")
         w = Paho(mqtt_port, "watch-uart", version=4).connect()
         w.subscribe("#", 1)
+        # Line noise and a damaged frame first: dropped, logged with the byte offset.
+        os.write(master, b"\xff\x13\x37\x00" + bytes.fromhex("050216099b") + b"\x00")
+        proc.wait_log(r"radio: unreadable message from .*ttyRADIO at byte 4: CRC mismatch")
         dev = MicroPythonDevice({"client_id": "uart-node", "transport": "uart"}, pty_fd=master)
         devices.append(dev)
         os.close(master)  # node holds it now

@@ -373,3 +373,23 @@ def test_mosquitto_sub_sees_a_device_publish(gw: Gateway) -> None:
         if sub.poll() is None:
             sub.kill()
     assert out.strip() == "dev/hello world"
+
+
+def test_mqtt_sn_over_ipv6(tmp_path: Path) -> None:
+    """An IPv6 socket ("::1"); mqtt-sn-12 speaks IPv4 only, so the datagrams here are
+    written from the specification's layouts (5.4.4 CONNECT, 5.4.5 CONNACK)."""
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6")
+    config = tmp_path / "ledge6.toml"
+    config.write_text('[[listeners]]\nport = 0\n[[mqttsn.udp]]\nhost = "::1"\nport = 0\n')
+    proc = LedgeProcess(config=config, listen=False).start()
+    try:
+        line = proc.wait_log(r"listening on ::1:(\d+) \(mqtt-sn over udp\)")
+        port = int(line.rsplit(":", 1)[1].split()[0])
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+            s.settimeout(5)
+            s.sendto(bytes.fromhex("0a040401003c") + b"six1", ("::1", port))
+            assert s.recv(16) == bytes.fromhex("030500")  # CONNACK accepted
+        proc.wait_log(r"client 'six1' connected from \[::1\]:\d+")
+    finally:
+        proc.stop()

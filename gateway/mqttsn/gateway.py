@@ -1126,18 +1126,7 @@ class Gateway:
         entry.msg_id = client.allocate_msg_id()
         entry.step = _AWAIT_PUBACK if entry.qos == 1 else _AWAIT_PUBREC
         client.inflight = entry
-        self._emit(
-            client,
-            encode_publish(
-                entry.topic_id,
-                entry.msg_id,
-                msg.payload,
-                entry.qos,
-                entry.retain,
-                False,
-                entry.id_type,
-            ),
-        )
+        self._emit(client, _publish_bytes(entry, dup=False))
         self._start_retry(client, now)
 
     def _resend(self, client: SnClient, now: float) -> None:
@@ -1151,19 +1140,7 @@ class Gateway:
         elif entry.step == _AWAIT_PUBCOMP:
             self._send(client, PubRel(entry.msg_id))
         else:
-            msg = entry.message
-            self._emit(
-                client,
-                encode_publish(
-                    entry.topic_id,
-                    entry.msg_id,
-                    msg.payload,
-                    entry.qos,
-                    entry.retain,
-                    True,
-                    entry.id_type,
-                ),
-            )
+            self._emit(client, _publish_bytes(entry, dup=True))
         self._start_retry(client, now)
 
     def _start_retry(self, client: SnClient, now: float) -> None:
@@ -1293,6 +1270,18 @@ class Gateway:
                 offset,
                 reason,
             )
+
+
+def _publish_bytes(entry: Outbound, *, dup: bool) -> bytes:
+    return encode_publish(
+        entry.topic_id,
+        entry.msg_id,
+        entry.message.payload,
+        entry.qos,
+        entry.retain,
+        dup,
+        entry.id_type,
+    )
 
 
 def _nothing() -> None:
