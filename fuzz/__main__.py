@@ -33,10 +33,10 @@ def child(target: str, libfuzzer_args: list[str]) -> None:
     logging.disable(logging.CRITICAL)  # refusals are expected; logging is not fuzzed
     with atheris.instrument_imports(include=["gateway", "fuzz"]):
         # What the targets import lazily is imported here, to be instrumented too.
+        import fuzz.mqttsn  # noqa: F401
         import gateway.broker.acl
         import gateway.broker.handle_login
         import gateway.broker.logins
-        import fuzz.mqttsn
         import gateway.mqttsn.gateway
         import gateway.net.websocket  # noqa: F401
         from fuzz.targets import TARGETS
