@@ -580,6 +580,11 @@ def main(argv: list[str] | None = None) -> int:
                         f"last 10% median {statistics.median(rss[-tenth:]):,.0f}, "
                         f"max {max(rss):,}"
                     )
+                    step = max(1, len(rss) // 10)
+                    print(
+                        "  RSS KiB every tenth of the soak: "
+                        + ", ".join(f"{v:,}" for v in rss[::step])
+                    )
         finally:
             ledge.stop()
             kill_all()
