@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+#: Every target in fuzz.targets.TARGETS (named here so --help needs no import of them).
+TARGET_NAMES = ("codec", "session", "websocket", "mqttsn_codec", "mqttsn_gateway")
 DONE = re.compile(r"Done (\d+) runs in (\d+) second")
 STATS = re.compile(r"^#(\d+)\s")
 
@@ -106,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fuzz", description=__doc__.split("\n")[0])
     parser.add_argument(
         "--target",
-        choices=["codec", "session", "websocket", "mqttsn_codec", "mqttsn_gateway", "all"],
+        choices=[*TARGET_NAMES, "all"],
         default="all",
     )
     parser.add_argument("--seconds", type=int, help="per target (default 300)")
@@ -117,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     seconds = args.seconds if args.seconds or args.runs else 300
-    targets = ["codec", "session", "websocket"] if args.target == "all" else [args.target]
+    targets = list(TARGET_NAMES) if args.target == "all" else [args.target]
     total = 0
     crashed = []
     start = time.monotonic()

@@ -322,3 +322,10 @@ def test_deframer_never_raises(data: bytes) -> None:
     deframer = Deframer(max_message=64)
     for item in deframer.feed(data):
         assert isinstance(item, bytes | FrameError)
+
+
+def test_fuzz_command_knows_every_target() -> None:
+    from fuzz.__main__ import TARGET_NAMES
+    from fuzz.targets import TARGETS
+
+    assert set(TARGET_NAMES) == set(TARGETS)

@@ -139,12 +139,18 @@ def short_topic_id(name):
 
 class UDPTransport:
     """MQTT-SN over UDP. ``sock`` may be given (anything with ``sendto``/``recvfrom``
-    that raises OSError when nothing is waiting); by default a non-blocking socket."""
+    that raises OSError when nothing is waiting); by default a non-blocking socket,
+    bound to ``port`` when no gateway is given (to hear its ADVERTISE broadcasts), else
+    to ``bind_port`` (0: any)."""
 
-    def __init__(self, host=None, port=1884, sock=None, bind_port=0, poll_ms=20, max_message=256):
+    def __init__(
+        self, host=None, port=1884, sock=None, bind_port=None, poll_ms=20, max_message=256
+    ):
         if sock is None:
             import socket
 
+            if bind_port is None:
+                bind_port = port if host is None else 0
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             sock.bind(("0.0.0.0", bind_port))
             sock.setblocking(False)
