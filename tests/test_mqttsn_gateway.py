@@ -603,6 +603,19 @@ def test_acl_denied_publish_is_not_supported_and_counted() -> None:
     assert h.broker.stats.publish_denied == 1
 
 
+def test_a_message_the_broker_has_no_room_for_is_rejected_congestion() -> None:
+    """A bridge outbox full with policy "refuse" (a publish gate) or a full store."""
+    h = SnHarness()
+    h.broker.publish_gates.append(lambda topic, size: "bridge outbox full")
+    dev = h.device()
+    dev.connect()
+    tid = dev.register("up/x").topic_id
+    pid = dev.publish(tid, b"1", qos=1)
+    assert dev.expect(PubAck) == PubAck(tid, pid, ReturnCode.CONGESTION)
+    dev.publish(tid, b"2", qos=0)  # QoS 0 is not gated
+    dev.nothing()
+
+
 def test_publish_under_sys_is_refused() -> None:
     h = SnHarness()
     dev = h.device()

@@ -13,7 +13,7 @@ buffers). This is the broker API the firmware bridge uses; it uses nothing else.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 from gateway.broker.local import LocalClient, Sink
 from gateway.broker.session import Outgoing
@@ -24,6 +24,19 @@ from gateway.mqtt.topics import filter_error, has_wildcard, subsumes
 if TYPE_CHECKING:
     from gateway.broker.acl import Acl
     from gateway.broker.core import Broker
+
+
+# What kind of refusal (the other protocol picks its code from it).
+NOT_AUTHORIZED: Final = "not authorized"
+NO_ROOM: Final = "no room"
+INVALID: Final = "invalid"
+
+
+class Refusal(NamedTuple):
+    """Why the broker refuses what a proxied client asked, and of which kind."""
+
+    reason: str
+    kind: str
 
 
 #: Shared by every proxy session, and always empty (see ``ProxyClient.__init__``).
@@ -70,22 +83,22 @@ class ProxyClient(LocalClient):
 
     # ------------------------------------------------------------------ publishing
 
-    def refusal(self, topic: str, qos: int, retain: bool, size: int) -> str | None:
-        """Why a PUBLISH from this device cannot be accepted now, or None. Counted as
-        denied when it is the ACL or ``$SYS``."""
+    def refusal(self, topic: str, qos: int, retain: bool, size: int) -> Refusal | None:
+        """Why a PUBLISH from this device cannot be accepted now, or None (counted in
+        ``publish/messages/denied`` either way)."""
         broker = self.broker
         if topic.startswith("$SYS"):
             broker.stats.publish_denied += 1
-            return "$SYS belongs to the broker"
+            return Refusal("$SYS belongs to the broker", NOT_AUTHORIZED)
         rules = self.session.rules
         if rules is not None and not rules.can_write(topic):
             broker.stats.publish_denied += 1
-            return "not authorized by the ACL"
+            return Refusal("not authorized by the ACL", NOT_AUTHORIZED)
         if qos > 0:
             why = broker.publish_refusal(topic, retain, size)
             if why is not None:
                 broker.stats.publish_denied += 1
-                return why
+                return Refusal(why, NO_ROOM)
         return None
 
     def publish_counted(
@@ -107,7 +120,7 @@ class ProxyClient(LocalClient):
 
     # ------------------------------------------------------------------ subscribing
 
-    def subscribe_checked(self, topic_filter: str, qos: int, now: float) -> str | None:
+    def subscribe_checked(self, topic_filter: str, qos: int, now: float) -> Refusal | None:
         """Subscribe as the broker would subscribe an MQTT client, or say why not.
 
         Retained messages the device may read are handed to the sink at once.
@@ -116,18 +129,19 @@ class ProxyClient(LocalClient):
         settings = broker.settings
         error = filter_error(topic_filter)
         if error:
-            return error
+            return Refusal(error, INVALID)
         if not settings.wildcard_subscriptions and has_wildcard(topic_filter):
-            return "wildcard subscriptions are disabled"
+            return Refusal("wildcard subscriptions are disabled", NOT_AUTHORIZED)
         denied = next((d for d in settings.deny_subscriptions if subsumes(d, topic_filter)), None)
         if denied is not None:
-            return f"denied by broker.deny_subscriptions ({denied!r})"
+            return Refusal(f"denied by broker.deny_subscriptions ({denied!r})", NOT_AUTHORIZED)
         rules = self.session.rules
         if rules is not None and not rules.can_subscribe(topic_filter):
-            return "not authorized by the ACL"
+            return Refusal("not authorized by the ACL", NOT_AUTHORIZED)
         subs = self.session.subscriptions
         if topic_filter not in subs and len(subs) >= settings.max_subscriptions_per_client:
-            return f"limit of {settings.max_subscriptions_per_client} subscriptions per client"
+            limit = settings.max_subscriptions_per_client
+            return Refusal(f"limit of {limit} subscriptions per client", NO_ROOM)
         self.subscribe(topic_filter, qos, now, retained=False)
         for msg in broker.retained.matching(topic_filter, now):
             if rules is None or rules.can_read(msg.topic):

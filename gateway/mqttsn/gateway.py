@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import TYPE_CHECKING, Final
 
-from gateway.broker.proxy import ProxyClient
+from gateway.broker.proxy import INVALID, NO_ROOM, NOT_AUTHORIZED, ProxyClient
 from gateway.broker.timers import Handle, Timers
 from gateway.mqtt.topics import has_wildcard, topic_name_error
 from gateway.mqttsn.codec import MalformedMessage, decode, encapsulate, encode, encode_publish
@@ -93,6 +93,15 @@ MALFORMED_LOG_PER_MINUTE: Final = 10
 #: Longest client id accepted (the specification says 1-23 characters; like MQTT
 #: 3.1.1 servers we accept longer ones).
 MAX_CLIENT_ID: Final = 64
+
+
+#: The return code (section 5.3.10) for each kind of broker refusal: MQTT-SN has no
+#: "not authorized", so what the ACL forbids is "not supported".
+_RETURN_CODES: Final = {
+    NOT_AUTHORIZED: ReturnCode.NOT_SUPPORTED,
+    NO_ROOM: ReturnCode.CONGESTION,
+    INVALID: ReturnCode.INVALID_TOPIC_ID,
+}
 
 
 class State(IntEnum):
@@ -890,13 +899,14 @@ class Gateway:
                 return None
         proxy = client.proxy
         assert proxy is not None
-        why = proxy.refusal(topic, qos, packet.retain, len(packet.data))
-        if why is not None:
+        refused = proxy.refusal(topic, qos, packet.retain, len(packet.data))
+        if refused is not None:
             self.stats.publish_refused += 1
-            log.info("client %r: PUBLISH on %r refused: %s", client.client_id, topic, why)
+            log.info(
+                "client %r: PUBLISH on %r refused: %s", client.client_id, topic, refused.reason
+            )
             if qos:
-                capacity = "full" in why or "outbox" in why
-                code = ReturnCode.CONGESTION if capacity else ReturnCode.NOT_SUPPORTED
+                code = _RETURN_CODES[refused.kind]
                 self._send(client, PubAck(packet.topic_id, packet.msg_id, code))
             return None
         batch = proxy.publish_counted(topic, packet.data, now, qos=qos, retain=packet.retain)
@@ -981,17 +991,17 @@ class Gateway:
         assert proxy is not None
         client.holding = True  # retained messages go out after the SUBACK
         try:
-            why = proxy.subscribe_checked(topic_filter, packet.qos, now)
+            refused = proxy.subscribe_checked(topic_filter, packet.qos, now)
         finally:
             client.holding = False
-        if why is not None:
-            log.info("client %r: SUBSCRIBE %r refused: %s", client.client_id, topic_filter, why)
-            code = (
-                ReturnCode.NOT_SUPPORTED
-                if "ACL" in why or "limit" in why or "denied" in why
-                else ReturnCode.INVALID_TOPIC_ID
+        if refused is not None:
+            log.info(
+                "client %r: SUBSCRIBE %r refused: %s",
+                client.client_id,
+                topic_filter,
+                refused.reason,
             )
-            self._send(client, SubAck(topic_id, msg_id, code))
+            self._send(client, SubAck(topic_id, msg_id, _RETURN_CODES[refused.kind]))
             return
         if packet.topic_id_type == TopicIdType.NORMAL and not has_wildcard(topic_filter):
             # 5.4.16: the id the gateway will use when it publishes on this topic.
