@@ -1177,21 +1177,28 @@ class Gateway:
         client.retries += 1
         self._resend(client, now)
 
-    def _puback(self, key: tuple[str, Address, bytes], packet: PubAck, now: float) -> None:
+    def _acknowledged(
+        self,
+        key: tuple[str, Address, bytes],
+        packet: PubAck | PubRec | PubComp,
+        now: float,
+        steps: tuple[int, ...],
+    ) -> tuple[SnClient, Outbound] | None:
+        """The client and its message in flight that ``packet`` acknowledges, if any
+        (an acknowledgement of anything else is ignored, as MQTT does)."""
         client = self._connected(key, packet, now)
         if client is None:
-            return
+            return None
         entry = client.inflight
-        if (
-            entry is None
-            or entry.msg_id != packet.msg_id
-            or entry.step
-            not in (
-                _AWAIT_PUBACK,
-                _AWAIT_PUBREC,
-            )
-        ):
+        if entry is None or entry.msg_id != packet.msg_id or entry.step not in steps:
+            return None
+        return client, entry
+
+    def _puback(self, key: tuple[str, Address, bytes], packet: PubAck, now: float) -> None:
+        found = self._acknowledged(key, packet, now, (_AWAIT_PUBACK, _AWAIT_PUBREC))
+        if found is None:
             return
+        client, entry = found
         self._stop_retry(client)
         client.inflight = None
         if (
@@ -1215,32 +1222,20 @@ class Gateway:
         self._pump(client, now)
 
     def _pubrec(self, key: tuple[str, Address, bytes], packet: PubRec, now: float) -> None:
-        client = self._connected(key, packet, now)
-        if client is None:
+        found = self._acknowledged(key, packet, now, (_AWAIT_PUBREC, _AWAIT_PUBCOMP))
+        if found is None:
             return
-        entry = client.inflight
-        if (
-            entry is None
-            or entry.msg_id != packet.msg_id
-            or entry.step
-            not in (
-                _AWAIT_PUBREC,
-                _AWAIT_PUBCOMP,
-            )
-        ):
-            return
+        client, entry = found
         entry.step = _AWAIT_PUBCOMP
         client.retries = 0
         self._send(client, PubRel(packet.msg_id))
         self._start_retry(client, now)
 
     def _pubcomp(self, key: tuple[str, Address, bytes], packet: PubComp, now: float) -> None:
-        client = self._connected(key, packet, now)
-        if client is None:
+        found = self._acknowledged(key, packet, now, (_AWAIT_PUBCOMP,))
+        if found is None:
             return
-        entry = client.inflight
-        if entry is None or entry.msg_id != packet.msg_id or entry.step != _AWAIT_PUBCOMP:
-            return
+        client = found[0]
         self._stop_retry(client)
         client.inflight = None
         self._pump(client, now)
