@@ -37,6 +37,6 @@ pipeline-bench: ## pipeline silver and gold rows/s over 1M generated rows on loc
 	scripts/setup --test
 	.venv/bin/python -m bench.pipeline --rows $(ROWS)
 
-fuzz:           ## coverage-guided fuzzing of codec, connection state machine and WebSocket reader, FUZZ_SECONDS per target
+fuzz:           ## coverage-guided fuzzing of codec, codec hot paths, connection state machine and WebSocket reader, FUZZ_SECONDS per target
 	scripts/setup --test
 	.venv/bin/python -m fuzz --seconds $(FUZZ_SECONDS)

@@ -1,6 +1,6 @@
 """Coverage-guided fuzzing of the codec and the connection state machine (atheris).
 
-    python -m fuzz [--seconds N | --runs N] [--target codec|session|websocket|all]
+    python -m fuzz [--seconds N | --runs N] [--target codec|fastpath|session|websocket|all]
 
 Each target runs under libFuzzer in its own process, with its corpus in
 ``fuzz/corpus/<target>/`` (kept between runs, so each run starts where the last one
@@ -21,7 +21,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 #: Every target in fuzz.targets.TARGETS (named here so --help needs no import of them).
-TARGET_NAMES = ("codec", "session", "websocket", "mqttsn_codec", "mqttsn_gateway")
+TARGET_NAMES = ("codec", "fastpath", "session", "websocket", "mqttsn_codec", "mqttsn_gateway")
 DONE = re.compile(r"Done (\d+) runs in (\d+) second")
 STATS = re.compile(r"^#(\d+)\s")
 

@@ -153,14 +153,13 @@ class Gateway:
     # ------------------------------------------------------------------ sensors, taps
 
     def _start_sensors_and_taps(self, loop: asyncio.AbstractEventLoop) -> None:
-        assert self.broker is not None and self.server is not None
-        server = self.server
+        assert self.broker is not None
         config = self.config
         if config.sensors.serial or config.sensors.homeassistant:
             # Imported here: a gateway without sensors never loads the drivers.
             from gateway.sensors import SensorHub
 
-            self.sensors = SensorHub(self.broker, config.sensors, loop.time, server.after_event)
+            self.sensors = SensorHub(self.broker, config.sensors, loop.time)
             self.sensors.start()
         if config.taps.module is not None:
             from gateway import taps
@@ -174,7 +173,6 @@ class Gateway:
             self.taps = taps.TapPlane(
                 self.broker,
                 loop.time,
-                server.after_event,
                 list(taps.REGISTRY),
                 config.taps.queue_size,
             )
@@ -234,7 +232,6 @@ class Gateway:
                 prefix=config.sensors.prefix,
                 broker=self.broker,
                 sequence=sequence,
-                kick=self.server.after_event,
                 store=self.store,
             )
             if snapshot is not None:
@@ -275,7 +272,6 @@ class Gateway:
             loop.time(),
             qos=1,
         )
-        server.after_event()
         self._schedule_health(loop)
 
     # ------------------------------------------------------------------ store
@@ -342,7 +338,6 @@ class Gateway:
         if server.reading_paused and store.backlog < STORE_BACKLOG_LOW:
             log.info("store caught up: reading from clients again")
             server.pause_reading(False)
-        server.after_event()
 
     def _store_fullness(self, full: bool) -> None:
         assert self.broker is not None
@@ -499,7 +494,6 @@ class Gateway:
             listeners = new.listeners
             for warning in file_warnings(new):
                 log.warning("%s", warning)
-        server.after_event()
         setup_logging(new.log_level)
         self.config = replace(new, listeners=listeners, broker=broker.settings)
         log.info(

@@ -147,12 +147,10 @@ class SensorHub:
         broker: Broker,
         settings: SensorSettings,
         clock: Callable[[], float],
-        kick: Callable[[], None],
     ) -> None:
         self.broker = broker
         self.settings = settings
         self.clock = clock
-        self.kick = kick
         self.client = LocalClient(broker, f"ledge-sensors-{settings.gateway}", self._command)
         self.sensors = {s.name: SerialSensor(self, s) for s in settings.serial}
         self.announced: set[tuple[str, str, str]] = set()
@@ -194,7 +192,6 @@ class SensorHub:
                     sensor.port.run(), name=f"serial {sensor.settings.name}"
                 )
             )
-        self.kick()
 
     async def stop(self) -> None:
         for sensor in self.sensors.values():
@@ -206,7 +203,6 @@ class SensorHub:
         for name in self.sensors:
             self.publish_status("serial", name, False)
         self.client.publish(self.gateway_status, b"offline", now, qos=1, retain=True)
-        self.kick()
 
     # ------------------------------------------------------------------ uplink
 
@@ -221,14 +217,11 @@ class SensorHub:
             self.client.publish(
                 topic, reading_payload(reading, s.plain_payload), now, qos=s.qos, retain=s.retain
             )
-            if self.broker.urgent:  # a burst of lines: write out before buffers hit their bound
-                self.kick()
             if s.homeassistant:
                 key = (reading.driver, reading.device, reading.quantity)
                 if key not in self.announced:
                     self.announced.add(key)
                     self._announce(reading, topic, now)
-        self.kick()
 
     def _announce(self, reading: Reading, state_topic: str, now: float) -> None:
         s = self.settings
@@ -255,7 +248,6 @@ class SensorHub:
             qos=1,
             retain=True,
         )
-        self.kick()
 
     # ------------------------------------------------------------------ downlink
 
@@ -283,4 +275,3 @@ class SensorHub:
             self.clock(),
             qos=1,
         )
-        self.kick()

@@ -15,15 +15,17 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Final, NamedTuple
 
+from gateway.broker import publish_policy, sessions
+from gateway.broker.delivery import deliver
 from gateway.broker.local import LocalClient, Sink
-from gateway.broker.session import Outgoing
+from gateway.broker.state import Outgoing
 from gateway.mqtt.packets import Will
 from gateway.mqtt.properties import EMPTY
 from gateway.mqtt.topics import filter_error, has_wildcard, subsumes
 
 if TYPE_CHECKING:
     from gateway.broker.acl import Acl
-    from gateway.broker.core import Broker
+    from gateway.broker.context import Context
 
 
 # What kind of refusal (the other protocol picks its code from it).
@@ -52,7 +54,7 @@ class ProxyClient(LocalClient):
 
     def __init__(
         self,
-        broker: Broker,
+        broker: Context,
         client_id: str,
         sink: Sink,
         *,
@@ -73,7 +75,7 @@ class ProxyClient(LocalClient):
         self.closed = False
         self.counted = counted
         if acl is not None:
-            broker.apply_rules(self.session, acl.rules_for(None, client_id), now)
+            sessions.apply_rules(broker, self.session, acl.rules_for(None, client_id), now)
         if not counted:
             return
         broker.connected += 1
@@ -95,7 +97,7 @@ class ProxyClient(LocalClient):
             broker.stats.publish_denied += 1
             return Refusal("not authorized by the ACL", NOT_AUTHORIZED)
         if qos > 0:
-            why = broker.publish_refusal(topic, retain, size)
+            why = publish_policy.refusal(broker, topic, retain, size)
             if why is not None:
                 broker.stats.publish_denied += 1
                 return Refusal(why, NO_ROOM)
@@ -143,9 +145,13 @@ class ProxyClient(LocalClient):
             limit = settings.max_subscriptions_per_client
             return Refusal(f"limit of {limit} subscriptions per client", NO_ROOM)
         self.subscribe(topic_filter, qos, now, retained=False)
-        for msg in broker.retained.matching(topic_filter, now):
-            if rules is None or rules.can_read(msg.topic):
-                broker.deliver(self.session, msg, min(qos, msg.qos), True, (), None, now)
+        broker.begin()  # an event of the core: the shell is woken when it is over
+        try:
+            for msg in broker.retained.matching(topic_filter, now):
+                if rules is None or rules.can_read(msg.topic):
+                    deliver(broker, self.session, msg, min(qos, msg.qos), True, (), None, now)
+        finally:
+            broker.end()
         return None
 
     # ------------------------------------------------------------------ end
@@ -156,9 +162,14 @@ class ProxyClient(LocalClient):
         if topic.startswith("$SYS"):
             self.broker.stats.publish_denied += 1
             return
-        self.broker.publish_will(
-            Will(topic, payload, qos, retain), self.client_id, now, self.session
-        )
+        broker = self.broker
+        broker.begin()
+        try:
+            sessions.publish_will(
+                broker, Will(topic, payload, qos, retain), self.client_id, now, self.session
+            )
+        finally:
+            broker.end()
 
     def close(self, now: float) -> None:
         """The device's session ends: its subscriptions go, it no longer counts as

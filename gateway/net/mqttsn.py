@@ -17,7 +17,7 @@ import socket
 from typing import TYPE_CHECKING, Any, cast
 
 from gateway.mqttsn.gateway import BROADCAST, Address, Gateway, TransportPolicy
-from gateway.mqttsn.settings import MqttSnSettings, SerialSettings, UdpSettings
+from gateway.mqttsn.settings import MqttSnSerialSettings, MqttSnSettings, UdpSettings
 from gateway.mqttsn.uart import Deframer, FrameError, encode_frame
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ class UdpEndpoint(asyncio.DatagramProtocol):
 class SerialEndpoint:
     """One serial line carrying COBS frames (firmware-bridge/UART.md)."""
 
-    def __init__(self, shell: MqttSnShell, settings: SerialSettings) -> None:
+    def __init__(self, shell: MqttSnShell, settings: MqttSnSerialSettings) -> None:
         from drivers.serial import PortSettings, SerialPort
 
         self.shell = shell
@@ -182,8 +182,14 @@ class MqttSnShell:
     # ------------------------------------------------------------------ events
 
     def received(self, transport: str, address: Address, data: bytes) -> None:
-        self.gateway.received(transport, address, data, self.loop.time())
-        self.server.after_event()  # the broker may have output for MQTT clients
+        # One event of the core: whatever the datagram causes for MQTT clients is
+        # written once it is handled (the core wakes the server when it ends).
+        broker = self.server.broker
+        broker.begin()
+        try:
+            self.gateway.received(transport, address, data, self.loop.time())
+        finally:
+            broker.end()
         self._arm()
 
     def malformed(self, transport: str, address: Address, reason: str, offset: int) -> None:
@@ -217,8 +223,12 @@ class MqttSnShell:
 
     def _on_timer(self) -> None:
         self._timer = None
-        self.gateway.tick(self.loop.time())
-        self.server.after_event()
+        broker = self.server.broker
+        broker.begin()
+        try:
+            self.gateway.tick(self.loop.time())
+        finally:
+            broker.end()
         self._arm()
 
     # ------------------------------------------------------------------ stop
