@@ -329,3 +329,31 @@ def test_fuzz_command_knows_every_target() -> None:
     from fuzz.targets import TARGETS
 
     assert set(TARGET_NAMES) == set(TARGETS)
+
+
+@given(st.binary(max_size=40) | messages.map(encode))
+def test_the_publish_peek_reads_what_the_decoder_reads(data: bytes) -> None:
+    """The datagram fast path and the general decoder agree on every input."""
+    from gateway.mqttsn.codec import RETAIN, TOPIC_ID_TYPE, flags_qos, peek_publish
+
+    peeked = peek_publish(data)
+    if peeked is None:
+        return
+    flags, topic_id, msg_id, payload = peeked
+    decoded = decode(data)
+    assert decoded == p.Publish(
+        topic_id,
+        msg_id,
+        payload,
+        flags_qos(flags),
+        bool(flags & RETAIN),
+        bool(flags & 0x80),
+        flags & TOPIC_ID_TYPE,
+    )
+
+
+def test_encode_ack_writes_what_encode_writes() -> None:
+    from gateway.mqttsn.codec import encode_ack
+
+    assert encode_ack(p.MsgType.PUBACK, 0x1234, 0xBEEF, 2) == encode(p.PubAck(0x1234, 0xBEEF, 2))
+    assert encode_ack(p.MsgType.REGACK, 1, 2) == encode(p.RegAck(1, 2))

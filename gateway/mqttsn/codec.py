@@ -419,6 +419,22 @@ _READERS: Final[dict[int, Callable[[bytes, int], Packet]]] = {
 }
 
 
+def peek_publish(data: bytes) -> tuple[int, int, int, bytes] | None:
+    """``(flags, topic_id, msg_id, data)`` when ``data`` is exactly one PUBLISH with a
+    1-octet Length (the datagram fast path), else None: ``decode`` then reads it and
+    names any problem. What it returns is what ``decode`` would (a differential test
+    holds the two together)."""
+    n = len(data)
+    if n < 7 or data[0] != n or data[1] != MsgType.PUBLISH:
+        return None
+    return data[2], (data[3] << 8) | data[4], (data[5] << 8) | data[6], data[7:]
+
+
+def flags_qos(flags: int) -> int:
+    """The QoS in a Flags octet (0b11 is -1)."""
+    return _QOS_OF_BITS[(flags >> _QOS_SHIFT) & 0x03]
+
+
 # ============================================================================ encoding
 
 
@@ -463,6 +479,11 @@ def encode_publish(
             + data
         )
     return frame(MsgType.PUBLISH, bytes((flags,)) + _u16b(topic_id) + _u16b(msg_id) + data)
+
+
+def encode_ack(msg_type: int, topic_id: int, msg_id: int, code: int = 0) -> bytes:
+    """PUBACK or REGACK (7 octets) without building the message first."""
+    return bytes((7, msg_type, topic_id >> 8, topic_id & 0xFF, msg_id >> 8, msg_id & 0xFF, code))
 
 
 def encode(packet: Packet) -> bytes:

@@ -30,7 +30,18 @@ from typing import TYPE_CHECKING, Final
 from gateway.broker.proxy import INVALID, NO_ROOM, NOT_AUTHORIZED, ProxyClient
 from gateway.broker.timers import Handle, Timers
 from gateway.mqtt.topics import has_wildcard, topic_name_error
-from gateway.mqttsn.codec import MalformedMessage, decode, encapsulate, encode, encode_publish
+from gateway.mqttsn.codec import (
+    RETAIN,
+    TOPIC_ID_TYPE,
+    MalformedMessage,
+    decode,
+    encapsulate,
+    encode,
+    encode_ack,
+    encode_publish,
+    flags_qos,
+    peek_publish,
+)
 from gateway.mqttsn.packets import (
     PROTOCOL_ID,
     RESERVED_TOPIC_IDS,
@@ -40,6 +51,7 @@ from gateway.mqttsn.packets import (
     Disconnect,
     Encapsulated,
     GwInfo,
+    MsgType,
     Packet,
     PingReq,
     PingResp,
@@ -112,6 +124,10 @@ class State(IntEnum):
     ASLEEP = 2
     AWAKE = 3
     DISCONNECTED = 4  # clean session 0: subscriptions and registrations remembered
+
+
+#: States in which a client has a connection (PUBLISH, SUBSCRIBE... are taken).
+_CONNECTED_STATES: Final = frozenset({State.ACTIVE, State.ASLEEP, State.AWAKE})
 
 
 # Outbound steps waiting for the client (section 6.13 retransmission applies to each).
@@ -296,6 +312,27 @@ class Gateway:
     def received(self, transport: str, address: Address, data: bytes, now: float) -> None:
         """One datagram (UDP) or frame (serial) from ``address`` on ``transport``."""
         self.now = now
+        peeked = peek_publish(data)
+        if peeked is not None and len(data) <= self.settings.max_message_size:
+            # The fast path: a plain PUBLISH from a connected client, read without
+            # building a message object; the same policy as the general path.
+            flags, topic_id, msg_id, payload = peeked
+            client = self.by_key.get((transport, address, b""))
+            qos = flags_qos(flags)
+            if client is not None and qos >= 0 and client.state in _CONNECTED_STATES:
+                self.stats.messages_received += 1
+                client.last_rx = now
+                self._publish_fields(
+                    client,
+                    qos,
+                    bool(flags & RETAIN),
+                    flags & TOPIC_ID_TYPE,
+                    topic_id,
+                    msg_id,
+                    payload,
+                    now,
+                )
+                return
         try:
             packet = decode(data, self.settings.max_message_size)
         except MalformedMessage as exc:
@@ -878,47 +915,68 @@ class Gateway:
         client = self._connected(key, packet, now)
         if client is None:
             return None
-        qos = packet.qos
-        if packet.topic_id_type == TopicIdType.RESERVED:
-            self._send(client, PubAck(packet.topic_id, packet.msg_id, ReturnCode.NOT_SUPPORTED))
-            return None
-        topic = self._topic_of(client, packet.topic_id_type, packet.topic_id)
+        self._publish_fields(
+            client,
+            packet.qos,
+            packet.retain,
+            packet.topic_id_type,
+            packet.topic_id,
+            packet.msg_id,
+            packet.data,
+            now,
+        )
+        return None
+
+    def _publish_fields(
+        self,
+        client: SnClient,
+        qos: int,
+        retain: bool,
+        id_type: int,
+        topic_id: int,
+        msg_id: int,
+        data: bytes,
+        now: float,
+    ) -> None:
+        """A PUBLISH (QoS 0-2) from a connected client: the one policy, whether it came
+        through ``decode`` or the datagram fast path (``received``)."""
+        if id_type == TopicIdType.RESERVED:
+            self._send(client, PubAck(topic_id, msg_id, ReturnCode.NOT_SUPPORTED))
+            return
+        topic = self._topic_of(client, id_type, topic_id)
         if topic is None:
             # 6.6: an unknown topic id is answered "rejected: invalid topic ID".
             self.stats.publish_refused += 1
-            self._send(client, PubAck(packet.topic_id, packet.msg_id, ReturnCode.INVALID_TOPIC_ID))
-            return None
+            self._send(client, PubAck(topic_id, msg_id, ReturnCode.INVALID_TOPIC_ID))
+            return
         if qos == 2:
             inbound = client.inbound_qos2
-            if inbound is not None and packet.msg_id in inbound:
-                self._send(client, PubRec(packet.msg_id))  # a resend: routed already
-                return None
+            if inbound is not None and msg_id in inbound:
+                self._send(client, PubRec(msg_id))  # a resend: routed already
+                return
             if inbound is not None and len(inbound) >= MAX_INBOUND_QOS2:
                 self.stats.publish_refused += 1
-                self._send(client, PubAck(packet.topic_id, packet.msg_id, ReturnCode.CONGESTION))
-                return None
+                self._send(client, PubAck(topic_id, msg_id, ReturnCode.CONGESTION))
+                return
         proxy = client.proxy
         assert proxy is not None
-        refused = proxy.refusal(topic, qos, packet.retain, len(packet.data))
+        refused = proxy.refusal(topic, qos, retain, len(data))
         if refused is not None:
             self.stats.publish_refused += 1
             log.info(
                 "client %r: PUBLISH on %r refused: %s", client.client_id, topic, refused.reason
             )
             if qos:
-                code = _RETURN_CODES[refused.kind]
-                self._send(client, PubAck(packet.topic_id, packet.msg_id, code))
-            return None
-        batch = proxy.publish_counted(topic, packet.data, now, qos=qos, retain=packet.retain)
+                self._send(client, PubAck(topic_id, msg_id, _RETURN_CODES[refused.kind]))
+            return
+        batch = proxy.publish_counted(topic, data, now, qos=qos, retain=retain)
         if qos == 1:
-            ack = PubAck(packet.topic_id, packet.msg_id, ReturnCode.ACCEPTED)
-            self._emit(client, encode(ack), batch or 0)
+            self._emit(client, encode_ack(MsgType.PUBACK, topic_id, msg_id), batch or 0)
         elif qos == 2:
             if client.inbound_qos2 is None:
                 client.inbound_qos2 = set()
-            client.inbound_qos2.add(packet.msg_id)
-            self._emit(client, encode(PubRec(packet.msg_id)), batch or 0)
-        return None
+            client.inbound_qos2.add(msg_id)
+            self._emit(client, encode(PubRec(msg_id)), batch or 0)
 
     def _publish_qos_minus_one(
         self, key: tuple[str, Address, bytes], packet: Publish, now: float
