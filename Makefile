@@ -3,7 +3,7 @@ ITERATIONS ?= 200
 PIPELINE_LINES ?= 250000 1000000 4000000
 FUZZ_SECONDS ?= 600
 
-.PHONY: run test bench bench-quick bench-serial bench-ble bench-bridge crash-test pipeline-bench fuzz
+.PHONY: run test bench bench-quick bench-serial bench-ble bench-bridge bench-mqttsn crash-test pipeline-bench fuzz
 
 run:            ## start the gateway on the embedded default config
 	scripts/run
@@ -32,6 +32,10 @@ bench-ble:      ## BLE decoders beside the PyPI reference decoders; 50 devices e
 bench-bridge:   ## the bridge's outbox during an outage and its replay to Mosquitto (100,000 messages)
 	scripts/setup --test
 	.venv/bin/python -m bench.bridge
+
+bench-mqttsn:   ## firmware bridge: MQTT-SN/UDP vs MQTT/TCP PUBLISH/s, RSS per idle client, 1,000-client sleep soak (~12 min)
+	scripts/setup --test
+	.venv/bin/python -m bench.mqttsn
 
 pipeline-bench: ## ledge-pipeline run on local[2] (fresh JVM) at 0.25M, 1M and 4M landing lines, DuckDB beside it
 	scripts/setup --test

@@ -38,7 +38,8 @@ from gateway.bridge.rules import rule_errors
 from gateway.bridge.settings import BridgeSettings, OutboxSettings, RuleSettings, TlsSettings
 from gateway.broker.settings import BrokerSettings
 from gateway.field_settings import FieldSettings
-from gateway.mqtt.topics import filter_error
+from gateway.mqtt.topics import filter_error, topic_name_error
+from gateway.mqttsn.settings import MqttSnSerialSettings, MqttSnSettings, UdpSettings
 from gateway.runtime import (
     AuthSettings,
     BluetoothSettings,
@@ -491,6 +492,47 @@ BridgeConfig = section_model(
 )
 AuthConfig = section_model(AuthSettings, _AuthChecks, also=(BrokerSettings, "auth"))
 LogConfig = section_model(LogSettings)
+
+
+# ----------------------------------------------------------------------- [mqttsn]
+# The firmware bridge (MQTT-SN 1.2): its transports, predefined topics and bounds.
+
+
+class _MqttSnUdpChecks(_Model):
+    @field_validator("broadcast", check_fields=False)
+    @classmethod
+    def _addresses(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for text in value:
+            parse_remote(text, False)
+        return value
+
+
+class _MqttSnChecks(_Model):
+    @field_validator("predefined_topics", check_fields=False)
+    @classmethod
+    def _predefined(cls, value: dict[int, str]) -> dict[int, str]:
+        for topic_id, name in value.items():
+            if not 0 < topic_id < 0xFFFF:
+                raise ValueError(f"topic id {topic_id} is not 1..65534")
+            error = topic_name_error(name)
+            if error:
+                raise ValueError(f"topic id {topic_id} ({name!r}): {error}")
+        return value
+
+    @model_validator(mode="after")
+    def _names(self) -> Any:
+        get = _fields_of(self)
+        labels = [u.name or f"udp {u.host}:{u.port}" for u in get("udp")]
+        labels += [s.name for s in get("serial")]
+        for label in labels:
+            if labels.count(label) > 1:
+                raise ValueError(f"two MQTT-SN transports are named {label!r}")
+        return self
+
+
+MqttSnUdpConfig = section_model(UdpSettings, _MqttSnUdpChecks, name="MqttSnUdpConfig")
+MqttSnSerialConfig = section_model(MqttSnSerialSettings)
+MqttSnConfig = section_model(MqttSnSettings, _MqttSnChecks)
 _ConfigModel = section_model(RuntimeConfig, _ConfigChecks, name="ConfigFile")
 
 

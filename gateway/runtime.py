@@ -26,6 +26,7 @@ from gateway.broker.auth import (
 )
 from gateway.broker.settings import BrokerSettings, option
 from gateway.field_settings import FieldSettings
+from gateway.mqttsn.settings import MqttSnSettings
 from gateway.store.settings import StoreSettings
 
 if TYPE_CHECKING:
@@ -217,6 +218,7 @@ class RuntimeConfig:
     bluetooth: BluetoothSettings = option(factory=BluetoothSettings)
     ble: tuple[BleDeviceSettings, ...] = option(())
     bridges: tuple[BridgeSettings, ...] = option(())
+    mqttsn: MqttSnSettings = option(factory=MqttSnSettings)
     auth: AuthSettings = option(factory=AuthSettings)
     log: LogSettings = option(factory=LogSettings)
     #: The file the config came from (None: the embedded default) ...
@@ -316,7 +318,9 @@ def from_data(kind: Any, data: Any) -> Any:
             return tuple(from_data(args[0], item) for item in data)
         return tuple(from_data(a, item) for a, item in zip(args, data, strict=True))
     if origin is dict:
-        return {k: from_data(args[1], v) for k, v in data.items()}
+        # JSON object keys are strings; a dict keyed by numbers gets them back.
+        key = int if args[0] is int else str
+        return {key(k): from_data(args[1], v) for k, v in data.items()}
     return data
 
 

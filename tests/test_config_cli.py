@@ -27,6 +27,9 @@ from gateway.config import (
     HomeAssistantConfig,
     ListenerConfig,
     LogConfig,
+    MqttSnConfig,
+    MqttSnSerialConfig,
+    MqttSnUdpConfig,
     ReadingsConfig,
     SerialConfig,
     StoreConfig,
@@ -98,6 +101,9 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("[taps]", TapsConfig),
     ("# [[bridges]]", BridgeConfig),
     ("# [[bridges.rules]]", BridgeRuleConfig),
+    ("[mqttsn]", MqttSnConfig),
+    ("# [[mqttsn.udp]]", MqttSnUdpConfig),
+    ("# [[mqttsn.serial]]", MqttSnSerialConfig),
     ("[auth]", AuthConfig),
     ("[log]", LogConfig),
 ]
@@ -130,6 +136,7 @@ def test_example_config_documents_every_option_and_its_reload(
             "bridges",
             "bluetooth",
             "ble",
+            "mqttsn",
         ):
             continue
         m = re.search(rf"^((?:#.*\n)+)#? ?{name} = ", section, re.M)
