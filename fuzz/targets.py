@@ -636,10 +636,26 @@ def fuzz_http(data: bytes) -> int:
     return len(statuses)
 
 
+def fuzz_mqttsn_codec(data: bytes) -> int:
+    """The firmware bridge's codec and UART deframer (``fuzz/mqttsn.py``)."""
+    from fuzz import mqttsn
+
+    return mqttsn.fuzz_mqttsn_codec(data)
+
+
+def fuzz_mqttsn_gateway(data: bytes) -> int:
+    """The firmware bridge's gateway logic on a broker core (``fuzz/mqttsn.py``)."""
+    from fuzz import mqttsn
+
+    return mqttsn.fuzz_mqttsn_gateway(data)
+
+
 TARGETS: Final[dict[str, Callable[[bytes], int]]] = {
     "codec": fuzz_codec,
     "fastpath": fuzz_fastpath,
     "session": fuzz_session,
     "websocket": fuzz_websocket,
     "http": fuzz_http,
+    "mqttsn_codec": fuzz_mqttsn_codec,
+    "mqttsn_gateway": fuzz_mqttsn_gateway,
 }

@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--print-runtime", action="store_true", help=argparse.SUPPRESS)
     bridgectl.add_parser(commands)
     statusctl.add_parser(commands)
+    from drivers.ble import scan as ble_scan
+
+    ble_scan.add_parser(commands)
 
     from gateway import passwd
 
@@ -99,6 +102,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return bridgectl.main(args)
     if args.command == "status":
         return statusctl.main(args)
+    if args.command == "ble":
+        from drivers.ble import scan as ble_scan
+
+        return ble_scan.run(args)
     if args.command == "passwd":
         from gateway import passwd
 
