@@ -136,6 +136,8 @@ class Device:
             self.decoder = DeviceDecoder(Context(address, cipher=cipher), format_named(fmt_name))
         self.gatt: GattDevice | None = None
         self.rssi: int | None = None
+        #: The newest reading of each quantity (for the status page).
+        self.last: dict[str, Reading] = {}
 
     def count(self, reason: str) -> None:
         self.stats.errors[reason] = self.stats.errors.get(reason, 0) + 1
@@ -445,6 +447,9 @@ class BleSensors:
             device.count("invalid_value")
             device.budget.warn("%s: %s", device.name, problem)
         device.stats.readings += len(got)
+        last = device.last
+        for reading in got:
+            last[reading.quantity] = reading
         readings.extend(got)
 
     def _arrived(self, device: Device, readings: list[Reading], stamp: Any) -> None:

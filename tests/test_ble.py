@@ -10,6 +10,7 @@ import re
 import struct
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from drivers.parsers.ble.beacons import encode_ibeacon
 from tests.support.bluez import BTHOME, FakeBlueZ
 from tests.support.clients import Paho
 from tests.support.procs import REPO, LedgeProcess
+from tests.support.prometheus import promtool_problems, scrape
 from tests.support.wait import wait_for
 
 PVVX = "0000181a-0000-1000-8000-00805f9b34fb"
@@ -34,11 +36,13 @@ RUUVI_VALID = "0512FC5394C37C0004FFFC040CAC364200CDCBB8334C884F"
 class Gateway:
     """``ledge run`` with a BLE config, and a paho client subscribed to its topics."""
 
-    def __init__(self, tmp_path: Path, config: str, sys_interval: float = 0) -> None:
+    def __init__(
+        self, tmp_path: Path, config: str, sys_interval: float = 0, listeners: int = 1
+    ) -> None:
         path = tmp_path / "ledge.toml"
         extra = f"[broker]\nsys_interval = {sys_interval}\n" if sys_interval else ""
         path.write_text(f'[gateway]\nid = "gw1"\nhealth_interval = 0\n{extra}{config}')
-        self.proc = LedgeProcess(config=path).start()
+        self.proc = LedgeProcess(config=path).start(listeners=listeners)
         self.sub = Paho(self.proc.port, "watch").connect()
         self.sub.subscribe("ledge/gw1/#", 0)
         if sys_interval:
@@ -66,6 +70,24 @@ class Gateway:
     def adapter(self) -> dict[str, Any]:
         got = self.payloads("ledge/gw1/ble/adapter")
         return json.loads(got[-1]) if got else {}
+
+    def metrics(self) -> dict[str, float]:
+        """``/metrics`` of the HTTP listener (the second listener when ``[http]`` is on)."""
+        return scrape(self.proc.ports[1])
+
+    def wait_metric(self, series: str, value: float, what: str) -> dict[str, float]:
+        """The metrics once ``series`` has ``value``."""
+
+        def scraped() -> dict[str, float]:
+            m = self.metrics()
+            return m if m.get(series) == value else {}
+
+        return wait_for(scraped, 5, what)
+
+    def status(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.proc.ports[1]}/api/status") as r:
+            doc: dict[str, Any] = json.load(r)
+        return doc
 
     def stop(self) -> None:
         self.sub.disconnect()
@@ -308,6 +330,87 @@ def test_encrypted_bthome_right_key_wrong_key_and_replay(
     wait_for(lambda: gw.sys("wrongkey/errors/wrong_key") == b"1", 5, "wrong key counted")
     assert gw.sys("wrongkey/errors/decrypt_retry") == b"1"
     assert gw.values("wrongkey", "temperature") == []
+
+
+# ---------------------------------------------------------------- metrics
+
+HTTP = "[http]\nenabled = true\nport = 0\n"
+
+
+def test_metrics_count_ble_readings_errors_by_reason_and_unknown_devices(
+    bluez: FakeBlueZ, gateways: list[Gateway], tmp_path: Path
+) -> None:
+    plain, bad, stranger = "A4:C1:38:00:00:11", "A4:C1:38:00:00:12", "11:22:33:44:55:66"
+    gw = start(
+        gateways,
+        tmp_path,
+        f'{HTTP}[[ble]]\nname = "t"\naddress = "{plain}"\nmin_interval = 0\n'
+        f'[[ble]]\nname = "wrongkey"\naddress = "{bad}"\nbindkey = "{"00" * 16}"\n',
+        sys_interval=0.3,
+        listeners=2,
+    )
+    path = bluez.add_device(plain, svc={BTHOME: bthome_temp(1, 1000)})
+    gw.wait_value("t", "temperature", 10.0)
+    bluez.advertise(path, svc={BTHOME: bthome_temp(2, 1100)})
+    gw.wait_value("t", "temperature", 11.0)
+    key = bytes.fromhex(KEY)  # not the key the gateway has for this device
+    path = bluez.add_device(
+        bad, svc={BTHOME: bthome.encrypt(bthome_temp(1, 100), mac_bytes(bad), 1, key)}
+    )
+    bluez.advertise(path, svc={BTHOME: bthome.encrypt(bthome_temp(2, 100), mac_bytes(bad), 2, key)})
+    gw.proc.wait_log(r"WARNING .*wrongkey .*wrong_key")
+    bluez.add_device(stranger, svc={BTHOME: bthome_temp(1, 100)})
+
+    def settled() -> dict[str, float]:
+        """The metrics once they and the latest $SYS values (which arrive one by one)
+        agree on every advert and every reading."""
+        m = gw.metrics()
+        adverts = float(gw.sys("adapter/adverts") or "nan")
+        readings = sum(float(gw.sys(f"{n}/readings") or "nan") for n in ("t", "wrongkey"))
+        if m.get("ledge_ble_unknown_devices") != 1 or m["ledge_ble_adverts_total"] != adverts:
+            return {}
+        return m if m['ledge_sensor_readings_total{driver="ble"}'] == readings else {}
+
+    m = wait_for(settled, 5, "the metrics to agree with $SYS")
+    assert m['ledge_sensor_readings_total{driver="ble"}'] >= 2
+    assert m['ledge_ble_errors_total{reason="wrong_key"}'] == 1
+    assert m['ledge_ble_errors_total{reason="decrypt_retry"}'] == 1
+    assert m['ledge_sensor_devices{driver="ble",state="present"}'] == 2
+    assert m['ledge_ble_adapter_state{adapter="hci0",state="scanning"}'] == 1
+    assert m['ledge_ble_adapter_state{adapter="hci0",state="failed"}'] == 0
+    assert not any("wrongkey" in series or plain in series for series in m)  # no device labels
+    with urllib.request.urlopen(f"http://127.0.0.1:{gw.proc.ports[1]}/metrics") as r:
+        assert not promtool_problems(r.read().decode())
+    devices = {d["name"]: d for d in gw.status()["devices"] if d["driver"] == "ble"}
+    assert devices["t"]["online"] is True
+    temperature = next(v for v in devices["t"]["values"] if v["quantity"] == "temperature")
+    assert temperature["value"] == 11.0
+
+
+def test_metrics_show_adapter_resets_and_a_failed_adapter(
+    bluez: FakeBlueZ, gateways: list[Gateway], tmp_path: Path
+) -> None:
+    gw = start(
+        gateways,
+        tmp_path,
+        f"{HTTP}[bluetooth]\nwatchdog = 1\nwatchdog_backoff_max = 2\n"
+        '[[ble]]\nname = "t"\naddress = "A4:C1:38:00:00:13"\nmin_interval = 0\n',
+        listeners=2,
+    )
+    path = bluez.add_device("A4:C1:38:00:00:13", svc={BTHOME: bthome_temp(1, 1000)})
+    gw.wait_value("t", "temperature", 10.0)
+    gw.proc.wait_log(r"ERROR .*ble hci0: adapter failed", 10)
+    failed = 'ledge_ble_adapter_state{adapter="hci0",state="failed"}'
+    m = gw.wait_metric(failed, 1, "the failure scraped")
+    assert m['ledge_ble_adapter_resets_total{action="power_cycle",adapter="hci0"}'] == 1
+    assert m['ledge_ble_adapter_resets_total{action="restart",adapter="hci0"}'] >= 1
+    assert m['ledge_ble_adapter_failures_total{adapter="hci0"}'] == 1
+    assert any(w.startswith("BLE adapter hci0 failed") for w in gw.status()["warnings"])
+    bluez.advertise(path, svc={BTHOME: bthome_temp(2, 1100)})
+    gw.wait_value("t", "temperature", 11.0)
+    scanning = 'ledge_ble_adapter_state{adapter="hci0",state="scanning"}'
+    gw.wait_metric(scanning, 1, "the recovery scraped")
+    assert not any(w.startswith("BLE adapter") for w in gw.status()["warnings"])
 
 
 # ---------------------------------------------------------------- watchdog

@@ -49,6 +49,9 @@ from gateway.runtime import ConfigError
 if TYPE_CHECKING:
     import asyncio
 
+    from drivers.model import Reading
+    from gateway.ble import BleSensors
+    from gateway.ble import Device as BleDevice
     from gateway.bridge.link import Bridge
     from gateway.broker.core import Broker
     from gateway.net.http import Credentials, HTTPServer, Response
@@ -517,13 +520,14 @@ class BridgeSource:
 
 
 class SensorSource:
-    """The serial sensors: counts per driver; per device (on the page only) its state,
-    last values and, sampled every ``TICK``, their recent history."""
+    """The sensor drivers: serial counts here (BLE's in ``BleSource``); per device of
+    every driver (on the page only) its state, last values and, sampled every ``TICK``,
+    their recent history."""
 
     def __init__(self, hub: SensorHub) -> None:
         self.hub = hub
-        self.history: dict[tuple[str, str], deque[float]] = {}
-        self._seen: dict[tuple[str, str], object] = {}
+        self.history: dict[tuple[str, str, str], deque[float]] = {}
+        self._seen: dict[tuple[str, str, str], object] = {}
 
     def samples(self) -> Iterator[Sample]:
         sensors = self.hub.sensors.values()
@@ -562,11 +566,20 @@ class SensorSource:
             driver="serial",
         )
 
+    def _devices(self) -> Iterator[tuple[str, str, bool, dict[str, Reading]]]:
+        """Every device as (driver, name, online, newest reading per quantity)."""
+        for name, sensor in self.hub.sensors.items():
+            yield "serial", name, sensor.port.connected, sensor.last
+        ble = self.hub.ble
+        if ble is not None:
+            for name, device in ble.devices.items():
+                yield "ble", name, _ble_online(device), device.last
+
     def tick(self) -> None:
         """Add each quantity's newest numeric reading (if new) to its history."""
-        for name, sensor in self.hub.sensors.items():
-            for quantity, reading in sensor.last.items():
-                key = (name, quantity)
+        for driver, name, _online, last in self._devices():
+            for quantity, reading in last.items():
+                key = (driver, name, quantity)
                 if self._seen.get(key) is reading:
                     continue
                 self._seen[key] = reading
@@ -580,27 +593,141 @@ class SensorSource:
 
     def status(self) -> StatusPart:
         devices = []
-        for name, sensor in self.hub.sensors.items():
-            last = sensor.last
+        for driver, name, online, last in self._devices():
             seen = max((r.timestamp.timestamp() for r in last.values()), default=None)
             devices.append(
                 DeviceStatus(
-                    driver="serial",
+                    driver=driver,
                     name=name,
-                    online=sensor.port.connected,
+                    online=online,
                     last_seen=seen,
                     values=tuple(
                         ValueStatus(
                             quantity,
                             reading.value,
                             reading.unit,
-                            tuple(self.history.get((name, quantity), ())),
+                            tuple(self.history.get((driver, name, quantity), ())),
                         )
                         for quantity, reading in sorted(last.items())
                     ),
                 )
             )
         return StatusPart(devices=tuple(devices))
+
+
+def _ble_online(device: BleDevice) -> bool:
+    """A GATT device while connected; an advertising one while it is heard."""
+    if device.gatt is not None:
+        return device.gatt.connected
+    return device.presence.home is not False
+
+
+class BleSource:
+    """The BLE driver (``[bluetooth]`` and ``[[ble]]``): adverts, readings, errors by
+    reason summed over devices, devices heard, and the adapter's watchdog."""
+
+    def __init__(self, ble: BleSensors) -> None:
+        self.ble = ble
+
+    def samples(self) -> Iterator[Sample]:
+        ble = self.ble
+        devices = ble.devices.values()
+        present = sum(1 for d in devices if _ble_online(d))
+        for state, count in (("present", present), ("away", len(devices) - present)):
+            yield gauge(
+                "ledge_sensor_devices",
+                "Configured sensor devices, by state.",
+                count,
+                driver="ble",
+                state=state,
+            )
+        yield counter(
+            "ledge_sensor_readings_total",
+            "Readings made.",
+            sum(d.stats.readings for d in devices),
+            driver="ble",
+        )
+        counts = ble.counts
+        yield counter("ledge_ble_adverts_total", "BLE adverts received.", counts["adverts"])
+        yield counter(
+            "ledge_ble_adverts_repeated_total",
+            "Adverts of configured devices that repeated one already read.",
+            sum(d.stats.repeats for d in devices),
+        )
+        yield counter(
+            "ledge_ble_adverts_dropped_total",
+            "Adverts dropped, by reason (queue_full: bluetooth.queue_size).",
+            counts["dropped"],
+            reason="queue_full",
+        )
+        errors: dict[str, int] = {}
+        for d in devices:
+            for reason, count in d.stats.errors.items():
+                errors[reason] = errors.get(reason, 0) + count
+        for reason, count in sorted(errors.items()):
+            yield counter(
+                "ledge_ble_errors_total",
+                "Adverts and GATT values not read, and GATT failures, by reason.",
+                count,
+                reason=reason,
+            )
+        yield gauge(
+            "ledge_ble_unknown_devices",
+            "Devices heard that are not configured (at most bluetooth.max_devices).",
+            len(ble.unknown),
+        )
+        yield counter(
+            "ledge_ble_unknown_devices_evicted_total",
+            "Unknown devices forgotten to make room (least recently heard first).",
+            counts["unknown evicted"],
+        )
+        yield counter(
+            "ledge_ble_devices_refused_total",
+            "Devices not adopted: bluetooth.max_devices were adopted already.",
+            counts["devices refused"],
+        )
+        w = ble.watchdog
+        adapter = ble.settings.adapter
+        for state in type(w.state):
+            yield gauge(
+                "ledge_ble_adapter_state",
+                "1 for the adapter's state now (the watchdog's view).",
+                1 if w.state is state else 0,
+                adapter=adapter,
+                state=state.value,
+            )
+        for action, value in (
+            ("restart", w.counts.restarts),
+            ("power_cycle", w.counts.power_cycles),
+        ):
+            yield counter(
+                "ledge_ble_adapter_resets_total",
+                "Adapter resets by the watchdog, by action.",
+                value,
+                adapter=adapter,
+                action=action,
+            )
+        yield counter(
+            "ledge_ble_adapter_failures_total",
+            "Times the adapter was reported failed (resets did not bring adverts back).",
+            w.counts.failures,
+            adapter=adapter,
+        )
+        for what, value in (("bluez", w.counts.bluez_lost), ("adapter", w.counts.adapter_lost)):
+            yield counter(
+                "ledge_ble_adapter_lost_total",
+                "Times BlueZ or the adapter went away, by what.",
+                value,
+                adapter=adapter,
+                what=what,
+            )
+
+    def status(self) -> StatusPart:
+        state = self.ble.adapter_state()
+        if state["state"] in ("failed", "absent"):
+            why = f": {state['reason']}" if state["reason"] else ""
+            return StatusPart(warnings=(f"BLE adapter {state['adapter']} {state['state']}{why}",))
+        return StatusPart()
 
 
 class TapSource:
@@ -767,6 +894,8 @@ async def start_metrics(
         collector.register(BridgeSource(bridges))
     if sensors is not None:
         collector.register(SensorSource(sensors))
+        if sensors.ble is not None:
+            collector.register(BleSource(sensors.ble))
     if taps is not None:
         collector.register(TapSource(taps))
     metrics = Metrics(collector)

@@ -4,6 +4,7 @@ directory, a one-second scrape interval; queried through its HTTP API."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import urllib.parse
@@ -12,6 +13,8 @@ from pathlib import Path
 
 from tests.support.procs import free_port, port_open
 from tests.support.wait import wait_for
+
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 def promtool_problems(text: str) -> str:
@@ -123,3 +126,20 @@ class PrometheusProcess:
                 self.proc.wait(5)
         if self.proc is not None:
             self.log.close()
+
+
+def scrape(port: int, host: str = "127.0.0.1") -> dict[str, float]:
+    """``/metrics`` as {series: value}, a series written ``name{label="value",...}``
+    with its labels sorted by name."""
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            series, _, value = line.rpartition(" ")
+            name, _, labels = series.partition("{")
+            if labels:
+                pairs = sorted(_LABEL.findall(labels))
+                name += "{" + ",".join(f'{k}="{v}"' for k, v in pairs) + "}"
+            out[name] = float(value)
+    return out
