@@ -156,6 +156,7 @@ class Gateway:
                 bridges=self.bridges,
                 sensors=self.sensors,
                 taps=self.taps,
+                mqttsn=self.mqttsn.gateway if self.mqttsn is not None else None,
             )
         self._schedule_health(loop)
         self._snapshot = None

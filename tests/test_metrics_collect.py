@@ -19,6 +19,7 @@ from gateway.metrics.collect import (
     BridgeSource,
     BrokerSource,
     Collector,
+    MqttSnSource,
     ProcessSource,
     SensorSource,
     TapSource,
@@ -32,10 +33,13 @@ from gateway.metrics.view import (
     gauge,
 )
 from gateway.mqtt import MQTT_5, MQTT_311, Connect, Disconnect, Properties, Publish
+from gateway.mqttsn.packets import Disconnect as SnDisconnect
+from gateway.mqttsn.packets import TopicIdType
 from gateway.runtime import GatewaySettings, RuntimeConfig, SerialSettings
 from gateway.sensors import SensorHub
 from gateway.taps import TapPlane
 from tests.support.harness import FakeClient, Harness
+from tests.support.mqttsn import SnHarness
 from tests.support.prometheus import promtool_problems
 
 #: ``$SYS/broker/<topic>`` -> (metric, labels): the value must be the same. Counts of
@@ -310,3 +314,90 @@ def test_promtool_accepts_the_whole_exposition(tmp_path: Path) -> None:
     assert not promtool_problems(text)
     for family in ("ledge_bridge_outbox_oldest_age_seconds", "process_cpu_seconds_total"):
         assert f"# TYPE {family} " in text
+
+
+#: ``$SYS/broker/mqttsn/<key>`` -> (metric, labels): the value must be the same.
+MQTTSN_METRICS: dict[str, tuple[str, dict[str, str]]] = {
+    "clients/connected": ("ledge_mqttsn_clients", {"state": "connected"}),
+    "clients/asleep": ("ledge_mqttsn_clients", {"state": "asleep"}),
+    "clients/disconnected": ("ledge_mqttsn_clients", {"state": "disconnected"}),
+    "clients/refused": ("ledge_mqttsn_clients_refused_total", {}),
+    "clients/lost": ("ledge_mqttsn_clients_lost_total", {}),
+    "clients/evicted": ("ledge_mqttsn_clients_evicted_total", {}),
+    "messages/received": ("ledge_mqttsn_packets_received_total", {}),
+    "messages/sent": ("ledge_mqttsn_packets_sent_total", {}),
+    "messages/malformed": ("ledge_mqttsn_packets_malformed_total", {}),
+    "messages/retransmitted": ("ledge_mqttsn_retransmissions_total", {}),
+    "publish/qos -1": ("ledge_mqttsn_messages_qos_minus_one_total", {}),
+    "publish/refused": ("ledge_mqttsn_messages_refused_total", {}),
+    "publish/dropped/queue full": ("ledge_mqttsn_messages_dropped_total", {"reason": "queue_full"}),
+    "publish/dropped/topic table full": (
+        "ledge_mqttsn_messages_dropped_total",
+        {"reason": "topic_table_full"},
+    ),
+    "publish/dropped/offline qos 0": (
+        "ledge_mqttsn_messages_dropped_total",
+        {"reason": "offline_qos0"},
+    ),
+    "publish/dropped/too large": ("ledge_mqttsn_messages_dropped_total", {"reason": "too_large"}),
+}
+
+
+def mqttsn_world() -> tuple[SnHarness, MqttSnSource]:
+    """The firmware bridge on a broker core: clients in each state, a malformed
+    datagram, a refused PUBLISH, QoS -1, and drops from a sleeping client's full queue."""
+    h = SnHarness(max_queued_messages=2, max_clients=3, predefined_topics={1: "p/one"})
+    mqtt = h.client(MQTT_311)
+    mqtt.connect("pub")
+    awake = h.device(("10.0.0.2", 5000))
+    awake.connect("awake")
+    awake.send_raw(b"\x03\x11\x00")  # malformed
+    awake.publish(0x7777, b"x", qos=1)  # unknown topic id: refused
+    awake.take()
+    sleeper = h.device(("10.0.0.3", 5000))
+    sleeper.connect("sleeper")
+    sleeper.subscribe("n", 0)
+    sleeper.sleep(600)
+    for i in range(5):  # a queue of 2: three dropped as queue full
+        mqtt.publish("n", str(i).encode())
+    gone = h.device(("10.0.0.4", 5000))
+    gone.connect("gone", clean=False)
+    gone.send(SnDisconnect())
+    gone.take()
+    h.device(("10.0.0.5", 5000)).publish(1, b"m", qos=-1, id_type=TopicIdType.PREDEFINED)
+    return h, MqttSnSource(h.gateway)
+
+
+def test_every_mqttsn_sys_value_has_its_metric_with_the_same_value() -> None:
+    h, source = mqttsn_world()
+    v = Values(source.samples())
+    sys_values = h.gateway.sys_values()
+    for topic, value in sys_values.items():
+        key = topic.removeprefix("mqttsn/")
+        assert key in MQTTSN_METRICS, f"$SYS/broker/{topic} has no metric"
+        name, labels = MQTTSN_METRICS[key]
+        got = v.get(name, float("nan"), **labels)
+        assert got == float(value), f"{topic}: $SYS says {value}, {name} says {got}"
+    assert len(sys_values) == len(MQTTSN_METRICS)
+    # What the world caused, so that a metric that reads the wrong counter fails here.
+    assert v.get("ledge_mqttsn_clients", state="connected") == 1
+    assert v.get("ledge_mqttsn_clients", state="asleep") == 1
+    assert v.get("ledge_mqttsn_clients", state="disconnected") == 1
+    assert v.get("ledge_mqttsn_messages_dropped_total", reason="queue_full") == 3
+    assert v.get("ledge_mqttsn_packets_malformed_total") == 1
+    assert v.get("ledge_mqttsn_messages_refused_total") == 1
+    assert v.get("ledge_mqttsn_messages_qos_minus_one_total") == 1
+    assert v.get("ledge_mqttsn_connects_total") == 3
+    assert v.get("ledge_mqttsn_clients_limit") == 3
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian prometheus)")
+def test_promtool_accepts_the_mqttsn_metrics_and_the_page_shows_their_drops() -> None:
+    h, source = mqttsn_world()
+    collector = Collector(h.broker, "gw1", lambda: h.now)
+    collector.register(BrokerSource(h.broker, lambda: h.now))
+    collector.register(source)
+    text = collector.metrics()
+    assert not promtool_problems(text)
+    assert 'ledge_mqttsn_messages_dropped_total{reason="queue_full"} 3' in text
+    assert collector.status()["drops"]["mqttsn: queue full"] == 3

@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from mqttsn12.packets import PingReqPacket  # type: ignore[import-untyped]
 
 from tests.support.clients import Paho
 from tests.support.procs import LedgeProcess, free_port
+from tests.support.prometheus import promtool_problems, scrape
 from tests.support.wait import wait_for
 
 BIN = Path(sys.executable).parent
@@ -393,3 +395,34 @@ def test_mqtt_sn_over_ipv6(tmp_path: Path) -> None:
         proc.wait_log(r"client 'six1' connected from \[::1\]:\d+")
     finally:
         proc.stop()
+
+
+def test_prometheus_metrics_count_a_real_client_and_a_malformed_datagram(tmp_path: Path) -> None:
+    """``/metrics`` of ``ledge run`` with ``[http]``: mqtt_sn_pub's CONNECT, REGISTER and
+    PUBLISH, a QoS -1 PUBLISH and a malformed datagram, counted without client labels."""
+    with Gateway(tmp_path, extra="[http]\nenabled = true\nport = 0\n") as gw:
+        line = gw.proc.wait_log(r"listening on 127\.0\.0\.1:\d+ \(http\)")
+        http = int(line.rsplit(":", 1)[1].split()[0])
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.sendto(b"\x05\x0c\x00", ("127.0.0.1", gw.sn_port))
+        for args in (
+            ["-i", "meter-1", "-t", "a/b", "-m", "1", "-q", "1"],
+            ["-T", "7", "-m", "2", "-q", "-1"],
+        ):
+            out = sn_pub(gw.sn_port, *args)
+            assert out.returncode == 0, out.stderr
+
+        def counted() -> dict[str, float]:
+            m = scrape(http)
+            done = m["ledge_mqttsn_messages_qos_minus_one_total"] == 1
+            return m if done and m["ledge_mqttsn_packets_malformed_total"] == 1 else {}
+
+        m = wait_for(counted, 5, "the QoS -1 PUBLISH and the malformed datagram counted")
+        assert m["ledge_mqttsn_connects_total"] == 1
+        # CONNECT, REGISTER, PUBLISH, DISCONNECT, the QoS -1 PUBLISH (not the malformed one)
+        assert m["ledge_mqttsn_packets_received_total"] >= 5
+        assert m["ledge_mqttsn_packets_sent_total"] >= 4  # CONNACK, REGACK, PUBACK, DISCONNECT
+        assert m['ledge_mqttsn_messages_dropped_total{reason="queue_full"}'] == 0
+        assert not any("meter-1" in series for series in m)
+        with urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics", timeout=5) as r:
+            assert not promtool_problems(r.read().decode())

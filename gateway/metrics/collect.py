@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from gateway.ble import Device as BleDevice
     from gateway.bridge.link import Bridge
     from gateway.broker.core import Broker
+    from gateway.mqttsn.gateway import Gateway as SnGateway
     from gateway.net.http import Credentials, HTTPServer, Response
     from gateway.net.http_settings import HTTPSettings
     from gateway.net.server import Server
@@ -730,6 +731,87 @@ class BleSource:
         return StatusPart()
 
 
+class MqttSnSource:
+    """The firmware bridge (``[mqttsn]``): its clients, packets and drops by reason."""
+
+    def __init__(self, gateway: SnGateway) -> None:
+        self.gateway = gateway
+
+    def samples(self) -> Iterator[Sample]:
+        from gateway.mqttsn.gateway import State as SnState
+
+        gw, st = self.gateway, self.gateway.stats
+        states = {"connected": 0, "asleep": 0, "disconnected": 0}
+        for client in gw.by_id.values():
+            if client.state in (SnState.ACTIVE, SnState.AWAKE):
+                states["connected"] += 1
+            elif client.state is SnState.ASLEEP:
+                states["asleep"] += 1
+            elif client.state is SnState.DISCONNECTED:
+                states["disconnected"] += 1
+        for state, count in states.items():
+            yield gauge("ledge_mqttsn_clients", "MQTT-SN clients, by state.", count, state=state)
+        yield gauge(
+            "ledge_mqttsn_clients_limit",
+            "MQTT-SN clients the gateway keeps (mqttsn.max_clients).",
+            gw.settings.max_clients,
+        )
+        yield counter("ledge_mqttsn_connects_total", "MQTT-SN CONNECTs accepted.", st.connects)
+        yield counter(
+            "ledge_mqttsn_clients_refused_total",
+            "MQTT-SN clients refused (pool, client id, authorisation, will).",
+            st.clients_refused,
+        )
+        yield counter(
+            "ledge_mqttsn_clients_lost_total",
+            "MQTT-SN clients lost: keep-alive or retries ran out.",
+            st.clients_lost,
+        )
+        yield counter(
+            "ledge_mqttsn_clients_evicted_total",
+            "Remembered MQTT-SN clients forgotten to make room in the pool.",
+            st.clients_evicted,
+        )
+        yield counter(
+            "ledge_mqttsn_packets_received_total",
+            "MQTT-SN messages received.",
+            st.messages_received,
+        )
+        yield counter("ledge_mqttsn_packets_sent_total", "MQTT-SN messages sent.", st.messages_sent)
+        yield counter(
+            "ledge_mqttsn_packets_malformed_total",
+            "MQTT-SN datagrams or frames that could not be read.",
+            st.malformed,
+        )
+        yield counter(
+            "ledge_mqttsn_retransmissions_total",
+            "Messages sent to devices again (Tretry).",
+            st.retransmissions,
+        )
+        yield counter(
+            "ledge_mqttsn_messages_qos_minus_one_total",
+            "QoS -1 (connectionless) PUBLISH accepted.",
+            st.qos_minus_one,
+        )
+        yield counter(
+            "ledge_mqttsn_messages_refused_total",
+            "PUBLISH from devices refused (ACL, $SYS, topic, a full store).",
+            st.publish_refused,
+        )
+        for reason, value in (
+            ("queue_full", st.dropped_queue_full),
+            ("topic_table_full", st.dropped_topic_table),
+            ("offline_qos0", st.dropped_offline_qos0),
+            ("too_large", st.dropped_too_large),
+        ):
+            yield counter(
+                "ledge_mqttsn_messages_dropped_total",
+                "Messages for MQTT-SN clients dropped by policy, by reason.",
+                value,
+                reason=reason,
+            )
+
+
 class TapSource:
     """The taps' plane: its bounded queue and what the handlers did."""
 
@@ -874,6 +956,7 @@ async def start_metrics(
     bridges: list[Bridge] | None = None,
     sensors: SensorHub | None = None,
     taps: TapPlane | None = None,
+    mqttsn: SnGateway | None = None,
 ) -> Metrics:
     """Build the collector over what is running, open the HTTP listener when enabled,
     and announce the gateway to Home Assistant when discovery is enabled."""
@@ -896,6 +979,8 @@ async def start_metrics(
         collector.register(SensorSource(sensors))
         if sensors.ble is not None:
             collector.register(BleSource(sensors.ble))
+    if mqttsn is not None:
+        collector.register(MqttSnSource(mqttsn))
     if taps is not None:
         collector.register(TapSource(taps))
     metrics = Metrics(collector)
