@@ -23,7 +23,7 @@ from drivers.parsers.ble.beacons import encode_ibeacon
 from tests.support.bluez import BTHOME, FakeBlueZ
 from tests.support.clients import Paho
 from tests.support.procs import REPO, LedgeProcess
-from tests.support.prometheus import promtool_problems, scrape
+from tests.support.prometheus import metrics_text, promtool_problems, scrape
 from tests.support.wait import wait_for
 
 PVVX = "0000181a-0000-1000-8000-00805f9b34fb"
@@ -379,8 +379,7 @@ def test_metrics_count_ble_readings_errors_by_reason_and_unknown_devices(
     assert m['ledge_ble_adapter_state{adapter="hci0",state="scanning"}'] == 1
     assert m['ledge_ble_adapter_state{adapter="hci0",state="failed"}'] == 0
     assert not any("wrongkey" in series or plain in series for series in m)  # no device labels
-    with urllib.request.urlopen(f"http://127.0.0.1:{gw.proc.ports[1]}/metrics") as r:
-        assert not promtool_problems(r.read().decode())
+    assert not promtool_problems(metrics_text(gw.proc.ports[1]))
     devices = {d["name"]: d for d in gw.status()["devices"] if d["driver"] == "ble"}
     assert devices["t"]["online"] is True
     temperature = next(v for v in devices["t"]["values"] if v["quantity"] == "temperature")

@@ -20,7 +20,6 @@ import socket
 import subprocess
 import sys
 import threading
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from mqttsn12.packets import PingReqPacket  # type: ignore[import-untyped]
 
 from tests.support.clients import Paho
 from tests.support.procs import LedgeProcess, free_port
-from tests.support.prometheus import promtool_problems, scrape
+from tests.support.prometheus import metrics_text, promtool_problems, scrape
 from tests.support.wait import wait_for
 
 BIN = Path(sys.executable).parent
@@ -424,5 +423,4 @@ def test_prometheus_metrics_count_a_real_client_and_a_malformed_datagram(tmp_pat
         assert m["ledge_mqttsn_packets_sent_total"] >= 4  # CONNACK, REGACK, PUBACK, DISCONNECT
         assert m['ledge_mqttsn_messages_dropped_total{reason="queue_full"}'] == 0
         assert not any("meter-1" in series for series in m)
-        with urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics", timeout=5) as r:
-            assert not promtool_problems(r.read().decode())
+        assert not promtool_problems(metrics_text(http))

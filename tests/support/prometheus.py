@@ -128,11 +128,17 @@ class PrometheusProcess:
             self.log.close()
 
 
+def metrics_text(port: int, host: str = "127.0.0.1") -> str:
+    """``/metrics`` of Ledge's HTTP listener, as served."""
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as r:
+        text: str = r.read().decode()
+    return text
+
+
 def scrape(port: int, host: str = "127.0.0.1") -> dict[str, float]:
     """``/metrics`` as {series: value}, a series written ``name{label="value",...}``
     with its labels sorted by name."""
-    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as r:
-        text = r.read().decode()
+    text = metrics_text(port, host)
     out: dict[str, float] = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
