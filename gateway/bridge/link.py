@@ -153,8 +153,12 @@ class Bridge:
         sequence: Sequence,
         kick: Callable[[], None],
         store: Store | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
+        #: The wall clock of outbox times: the gateway's, which follows a step of the
+        #: system clock together with the outbox (``Outbox.shift_wall``).
+        self.wall = wall
         self.name = settings.name
         self.gateway = gateway
         self.broker = broker
@@ -300,7 +304,7 @@ class Bridge:
                 )
             self.stats.loops += 1
             return
-        wall = time.time()
+        wall = self.wall()
         journal = self.broker.journal
         bypass = mapped.qos == 0 and settings.qos0 == "bypass"
         if bypass and (self.state != "connected" or len(self._bypass) >= BYPASS_QUEUE):
@@ -482,7 +486,7 @@ class Bridge:
                 self._slot.clear()
                 await self._slot.wait()
                 continue
-            entry = outbox.next_ready(time.time())
+            entry = outbox.next_ready(self.wall())
             if entry is None:
                 self._wake.clear()
                 self.kick()  # store what the outbox changed (expired entries)
@@ -528,7 +532,7 @@ class Bridge:
         if entry.properties:
             props, _ = decode_properties(entry.properties, 0, len(entry.properties), Where.PUBLISH)
         if entry.expires is not None:
-            remaining = min(0xFFFF_FFFF, max(1, math.ceil(entry.expires - time.time())))
+            remaining = min(0xFFFF_FFFF, max(1, math.ceil(entry.expires - self.wall())))
             props = props.with_(message_expiry_interval=remaining)
         if add_mark:
             props = props.with_(
@@ -576,6 +580,7 @@ class Bridge:
             return
         store = self.store
         first, count = request
+        steps = self.outbox.wall_steps
 
         def read() -> list[Entry]:
             rows = store.read_outbox(self.name, first, count)
@@ -591,7 +596,12 @@ class Bridge:
                 self.outbox.refilling = False
                 log.exception("bridge %s: cannot read the outbox from the store", self.name)
                 return
-            self.outbox.refilled(rows)
+            if self.outbox.wall_steps != steps:
+                # The clock was set while the page was read: its times may be in the
+                # old frame. Read it again (after the store has moved them).
+                self.outbox.refilling = False
+            else:
+                self.outbox.refilled(rows)
             self._wake.set()
 
         asyncio.get_running_loop().create_task(load())
@@ -685,7 +695,7 @@ class Bridge:
             base + "dropped/loops": str(bs.loops),
             base + "refused": str(st.refused),
             base + "received": str(bs.received),
-            base + "oldest message age": f"{o.oldest_age(time.time()):.1f}",
+            base + "oldest message age": f"{o.oldest_age(self.wall()):.1f}",
             base + "connects": str(bs.connects),
         }
 

@@ -711,6 +711,19 @@ def _meta(db: sqlite3.Connection, op: Op, offset: float) -> None:
     db.execute(_META, op[1:])
 
 
+def _clock_step(db: sqlite3.Connection, op: Op, offset: float) -> None:
+    """The system clock was set ``op[1]`` seconds forward (or back) while the gateway
+    ran: every stored wall-clock time moves with it, in the same order as the writes
+    around it, so what was stored before and after the step shares one time frame."""
+    step = op[1]
+    db.execute(
+        "UPDATE sessions SET expires_at = expires_at + ?1, will_due = will_due + ?1", (step,)
+    )
+    for table in ("messages", "retained"):
+        db.execute(f"UPDATE {table} SET created = created + ?", (step,))
+    db.execute("UPDATE outbox SET created = created + ?1, expires = expires + ?1", (step,))
+
+
 _OUTBOX_PUT: Final = "INSERT OR REPLACE INTO outbox VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 _OUTBOX_DONE: Final = "DELETE FROM outbox WHERE bridge = ? AND pos = ?"
 _META: Final = "INSERT OR REPLACE INTO meta VALUES (?, ?)"
@@ -733,11 +746,14 @@ _APPLY: Final[dict[str, Callable[[sqlite3.Connection, Op, float], None]]] = {
     "outbox_put": _outbox_put,
     "outbox_done": _outbox_done,
     "meta": _meta,
+    "clock_step": _clock_step,
 }
 
 #: Operations whose place in the sequence matters beyond their own rows (a session end
 #: deletes every row of a client). A batch holding one is applied op by op.
-_ORDER_SENSITIVE: Final = frozenset({"session", "session_end", "subscribe", "unsubscribe"})
+_ORDER_SENSITIVE: Final = frozenset(
+    {"session", "session_end", "subscribe", "unsubscribe", "clock_step"}
+)
 
 #: The message-flow operations, grouped per kind and applied with executemany in this
 #: order. Safe: message ids and queue seqs are never reused within a batch, so every
