@@ -20,6 +20,7 @@ from typing import Any
 from bench import report
 from bench.procs import (
     BROKER_NOFILE,
+    LEDGE_CHECKOUT,
     BenchError,
     Pinning,
     core_busy,
@@ -73,6 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="show each load-generator process's CPU use"
+    )
+    parser.add_argument(
+        "--ledge-checkout",
+        type=Path,
+        metavar="DIR",
+        help="run Ledge from this checkout (another commit's worktree) with this "
+        "environment's Python; the default is this repository",
     )
     return parser
 
@@ -136,6 +144,12 @@ def progress(rnd: int, rounds: int, out: Outcome, verbose: bool = False) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
+    if args.ledge_checkout is not None:
+        checkout = args.ledge_checkout.resolve()
+        if not (checkout / "gateway" / "__main__.py").is_file():
+            print(f"bench: {checkout} is not a Ledge checkout", file=sys.stderr)
+            return 2
+        LEDGE_CHECKOUT[0] = checkout
     duration = args.duration if args.duration is not None else (1.0 if args.quick else 5.0)
     if rounds < 1 or duration <= 0:
         print("bench: --rounds must be >= 1 and --duration > 0", file=sys.stderr)

@@ -90,9 +90,14 @@ def tail(path: Path, lines: int = 15) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def child_env() -> dict[str, str]:
+#: The checkout whose ``gateway`` the "ledge" brokers run (``--ledge-checkout``): another
+#: commit's worktree, with this environment's Python and packages.
+LEDGE_CHECKOUT: list[Path] = [REPO]
+
+
+def child_env(root: Path = REPO) -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH", "")) if p)
     return env
 
 
@@ -314,11 +319,12 @@ class Broker:
     ) -> Broker:
         self.port = free_port()
         cmd = pinning.broker_prefix(nofile) + self.command(max_connections, default_config)
+        root = LEDGE_CHECKOUT[0] if self.kind.startswith("ledge") else REPO
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             cmd,
-            cwd=REPO,
-            env=child_env(),
+            cwd=root,
+            env=child_env(root),
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,

@@ -13,6 +13,12 @@ raises; everything it writes to a client decodes in that client's protocol versi
 a connection the core closed is closed; when everything has gone, every slot of the
 pool is back.
 
+``fastpath``: the codec's hot-path functions against the general codec. The bytes are
+a PUBLISH (or anything) read by ``peek_publish`` from inside a larger buffer: what it
+returns must be exactly what ``decode`` reads, and a plain PUBLISH that decodes must
+be peeked. Then a PUBLISH template and an acknowledgement built from the bytes' choices
+must be the bytes ``encode`` gives for the same packet value.
+
 ``websocket``: the WebSocket upgrade answer and frame reader, fed whole and in chunks.
 
 All are pure and deterministic (no clock, no sockets), so a crash reproduces from
@@ -27,10 +33,9 @@ from typing import Final
 
 from gateway.broker.acl import parse_acl_file
 from gateway.broker.auth import ListenerPolicy, PasswordAuthenticator, hash_password
-from gateway.broker.connection import Connection, State
 from gateway.broker.core import Broker
-from gateway.broker.logins import LoginAttempt
 from gateway.broker.settings import BrokerSettings
+from gateway.broker.state import Connection, LoginAttempt, State
 from gateway.mqtt import (
     MQTT_5,
     MQTT_311,
@@ -40,6 +45,7 @@ from gateway.mqtt import (
     NeedData,
     Packet,
     PacketReader,
+    PacketType,
     Properties,
     PubAck,
     PubComp,
@@ -50,8 +56,17 @@ from gateway.mqtt import (
     SubscriptionRequest,
     Unsubscribe,
     Will,
+    decode,
     encode,
 )
+from gateway.mqtt.fastpath import (
+    PUBLISH_TYPE,
+    encode_ack,
+    encode_packet_id,
+    peek_publish,
+    publish_template,
+)
+from gateway.mqtt.properties import EMPTY, properties_body
 
 LISTENER: Final = "fuzz"
 MAX_CONNECTIONS: Final = 4
@@ -122,6 +137,117 @@ def fuzz_codec(data: bytes) -> int:
             count += 1
             encode(packet, version)  # what was read can be written
     return count
+
+
+# ----------------------------------------------------------------------------- fastpath
+
+
+def fuzz_fastpath(data: bytes) -> int:
+    """Returns 1 when the bytes were a plain PUBLISH the peek read, else 0."""
+    r = Reader(data)
+    version = MQTT_5 if r.byte() & 1 else MQTT_311
+    first = PUBLISH_TYPE | (r.byte() & 0x0F)
+    lead = r.take(r.byte() % 4)
+    body = r.take(r.byte())
+    trailing = r.take(r.byte() % 8)
+    buf = lead + body + trailing
+    start, end = len(lead), len(lead) + len(body)
+    peeked = peek_publish(first, buf, start, end, version)
+    try:
+        packet = decode(first, body, version)
+    except MQTTError:
+        assert peeked is None, f"peeked {peeked} from a PUBLISH the codec refuses"
+        packet = None
+    if packet is not None:
+        assert isinstance(packet, Publish)
+        plain = (
+            packet.qos < 2
+            and not packet.dup
+            and not packet.retain
+            and packet.topic
+            and packet.properties is EMPTY
+        )
+        if peeked is None:
+            assert not plain, f"a plain PUBLISH was not peeked: {packet}"
+        else:
+            topic, qos, packet_id, payload_start = peeked
+            got = (topic, qos, packet_id, bytes(buf[payload_start:end]))
+            want = (packet.topic, packet.qos, packet.packet_id, packet.payload)
+            assert got == want, f"peek {got} != decode {want}"
+    _check_template(r, version)
+    _check_ack(r, version)
+    return 0 if peeked is None else 1
+
+
+def _check_template(r: Reader, version: int) -> None:
+    flags = r.byte()
+    qos = flags % 3
+    topic = (
+        r.take(r.byte() % 12)
+        .decode("utf-8", "replace")
+        .replace("+", "p")
+        .replace("#", "h")
+        .replace("\x00", "z")
+    )
+    payload = r.take(r.byte() % 32)
+    props = Properties()
+    if version == MQTT_5 and flags & 0x10:
+        props = Properties(user_properties=(("k", topic),), content_type="c")
+    expiry = r.u16() if version == MQTT_5 and flags & 0x20 else None
+    alias = r.byte() % 4 if version == MQTT_5 else 0
+    sub_ids = tuple(1 + r.byte() for _ in range(r.byte() % 3)) if version == MQTT_5 else ()
+    dup = bool(flags & 0x40) and qos > 0
+    retain = bool(flags & 0x80)
+    packet_id = 1 + r.u16() % 65_535 if qos else 0
+    head, tail = publish_template(
+        version,
+        qos,
+        retain,
+        topic.encode(),
+        payload,
+        properties_body(props) if version == MQTT_5 else b"",
+        dup=dup,
+        expiry=expiry,
+        alias=alias,
+        sub_ids=sub_ids,
+    )
+    built = head + encode_packet_id(packet_id) + tail if qos else head
+    if version == MQTT_5:
+        # The template appends the per-delivery properties after the message's own.
+        decoded = decode(built[0], built[_header_size(built) :], version)
+        assert isinstance(decoded, Publish)
+        want = props.with_(
+            message_expiry_interval=expiry,
+            topic_alias=alias or None,
+            subscription_identifiers=sub_ids,
+        )
+        value = Publish(topic, payload, qos, retain, dup, packet_id, want)
+        assert decoded == value, f"template {decoded} != {value}"
+    else:
+        value = Publish(topic, payload, qos, retain, dup, packet_id)
+        assert built == encode(value, version), "template differs from encode"
+
+
+def _header_size(packet: bytes) -> int:
+    size = 2
+    while packet[size - 1] & 0x80:
+        size += 1
+    return size
+
+
+def _check_ack(r: Reader, version: int) -> None:
+    kind = (PacketType.PUBACK, PacketType.PUBREC, PacketType.PUBREL, PacketType.PUBCOMP)[
+        r.byte() % 4
+    ]
+    packet_id = 1 + r.u16() % 65_535
+    reason = (0, 0x10, 0x87, 0x92)[r.byte() % 4] if version == MQTT_5 else 0
+    cls: type[PubAck | PubRec | PubRel | PubComp] = {  # type: ignore[assignment]
+        PacketType.PUBACK: PubAck,
+        PacketType.PUBREC: PubRec,
+        PacketType.PUBREL: PubRel,
+        PacketType.PUBCOMP: PubComp,
+    }[kind]
+    assert encode_ack(kind, packet_id, reason, version) == encode(cls(packet_id, reason), version)
 
 
 # ----------------------------------------------------------------------------- session
@@ -232,7 +358,7 @@ def fuzz_session(data: bytes) -> int:
     now += 1e6
     broker.tick(now)
     drain()
-    if len(broker._free) != MAX_CONNECTIONS or broker.connections:
+    if len(broker.free) != MAX_CONNECTIONS or broker.connections:
         raise AssertionError("connection slots leaked")
     return ops
 
@@ -338,8 +464,25 @@ def fuzz_websocket(data: bytes) -> int:
     return len(expected)
 
 
+def fuzz_mqttsn_codec(data: bytes) -> int:
+    """The firmware bridge's codec and UART deframer (``fuzz/mqttsn.py``)."""
+    from fuzz import mqttsn
+
+    return mqttsn.fuzz_mqttsn_codec(data)
+
+
+def fuzz_mqttsn_gateway(data: bytes) -> int:
+    """The firmware bridge's gateway logic on a broker core (``fuzz/mqttsn.py``)."""
+    from fuzz import mqttsn
+
+    return mqttsn.fuzz_mqttsn_gateway(data)
+
+
 TARGETS: Final[dict[str, Callable[[bytes], int]]] = {
     "codec": fuzz_codec,
+    "fastpath": fuzz_fastpath,
     "session": fuzz_session,
     "websocket": fuzz_websocket,
+    "mqttsn_codec": fuzz_mqttsn_codec,
+    "mqttsn_gateway": fuzz_mqttsn_gateway,
 }

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from gateway import __version__
 from gateway.broker.auth import Authenticator, ListenerPolicy
 from gateway.broker.core import Broker
+from gateway.broker.journal import StepClock
 from gateway.net.server import ListenerSpec, Server
 from gateway.runtime import (
     RUNTIME_ENV,
@@ -40,6 +41,7 @@ from gateway.runtime import (
 if TYPE_CHECKING:
     from gateway.bridge.link import Bridge
     from gateway.bridge.sequence import Sequence
+    from gateway.net.mqttsn import MqttSnShell
     from gateway.sdnotify import Notifier
     from gateway.sensors import SensorHub
     from gateway.store.sqlite import Snapshot, Store
@@ -106,6 +108,7 @@ class Gateway:
         self.sensors: SensorHub | None = None
         self.taps: TapPlane | None = None
         self.bridges: list[Bridge] = []
+        self.mqttsn: MqttSnShell | None = None
         self._snapshot: Snapshot | None = None
         self._sequence: Sequence | None = None
         self._health_timer: asyncio.TimerHandle | None = None
@@ -152,6 +155,7 @@ class Gateway:
                     config.config_path or "<command line>",
                     [f"listeners[{i}]: cannot listen on {where}: {exc.strerror or exc}"],
                 ) from None
+        await self._start_mqttsn()
         self._start_bridges()
         self._start_sensors_and_taps(loop)
         self._schedule_health(loop)
@@ -169,14 +173,13 @@ class Gateway:
     # ------------------------------------------------------------------ sensors, taps
 
     def _start_sensors_and_taps(self, loop: asyncio.AbstractEventLoop) -> None:
-        assert self.broker is not None and self.server is not None
-        server = self.server
+        assert self.broker is not None
         config = self.config
-        if config.sensors.serial or config.sensors.homeassistant:
+        if config.sensors.serial or config.sensors.homeassistant or config.sensors.uses_ble:
             # Imported here: a gateway without sensors never loads the drivers.
             from gateway.sensors import SensorHub
 
-            self.sensors = SensorHub(self.broker, config.sensors, loop.time, server.after_event)
+            self.sensors = SensorHub(self.broker, config.sensors, loop.time)
             self.sensors.start()
         if config.taps.module is not None:
             from gateway import taps
@@ -190,11 +193,32 @@ class Gateway:
             self.taps = taps.TapPlane(
                 self.broker,
                 loop.time,
-                server.after_event,
                 list(taps.REGISTRY),
                 config.taps.queue_size,
             )
             self.taps.start()
+
+    # ------------------------------------------------------------------ firmware bridge
+
+    async def _start_mqttsn(self) -> None:
+        config = self.config
+        if not (config.mqttsn.udp or config.mqttsn.serial):
+            return
+        # Imported here: a gateway without [mqttsn] transports never loads MQTT-SN.
+        from gateway.net.mqttsn import MqttSnShell
+        from gateway.runtime import build_acl
+
+        assert self.server is not None
+        acl = build_acl(config.acl_file) if config.acl_file is not None else None
+        self.mqttsn = MqttSnShell(self.server, config.mqttsn, acl)
+        try:
+            self.addresses.extend(await self.mqttsn.start())
+        except OSError as exc:
+            await self.mqttsn.close()
+            raise ConfigError(
+                config.config_path or "<command line>",
+                [f"mqttsn.udp: cannot listen: {exc.strerror or exc}"],
+            ) from None
 
     # ------------------------------------------------------------------ bridges
 
@@ -228,7 +252,6 @@ class Gateway:
                 prefix=config.sensors.prefix,
                 broker=self.broker,
                 sequence=sequence,
-                kick=self.server.after_event,
                 store=self.store,
                 wall=self.wall,
             )
@@ -262,6 +285,8 @@ class Gateway:
             "queued": sum(b.outbox.count for b in self.bridges),
             "uptime": round(loop.time() - broker.started, 3),
         }
+        if self.sensors is not None:
+            body.update(self.sensors.health())
         self._drops_reported = dropped
         sensors = self.config.sensors
         broker.publish_local(
@@ -270,7 +295,6 @@ class Gateway:
             loop.time(),
             qos=1,
         )
-        server.after_event()
         self._schedule_health(loop)
 
     # ------------------------------------------------------------------ store
@@ -331,10 +355,11 @@ class Gateway:
         broker.batch_committed(upto)
         for bridge in self.bridges:
             bridge.committed(upto)
+        if self.mqttsn is not None:
+            self.mqttsn.committed(upto)
         if server.reading_paused and store.backlog < STORE_BACKLOG_LOW:
             log.info("store caught up: reading from clients again")
             server.pause_reading(False)
-        server.after_event()
 
     def _store_fullness(self, full: bool) -> None:
         assert self.broker is not None
@@ -384,7 +409,7 @@ class Gateway:
                 self._seal()  # what is journaled so far is in the old time frame
                 journal = self.broker.journal
                 assert journal is not None
-                journal.ops.append(("clock_step", step))
+                journal.ops.append(StepClock(step))
                 batch = self.broker.seal_batch()
                 assert batch is not None
                 batch_id = batch[0]
@@ -432,6 +457,8 @@ class Gateway:
             await self.taps.stop()
         for bridge in self.bridges:
             await bridge.stop()
+        if self.mqttsn is not None:
+            await self.mqttsn.close()
         server, broker, store = self.server, self.broker, self.store
         if server is not None:
             log.info("shutting down")
@@ -558,7 +585,6 @@ class Gateway:
             listeners = new.listeners
             for warning in file_warnings(new):
                 log.warning("%s", warning)
-        server.after_event()
         setup_logging(new.log_level)
         self.config = replace(new, listeners=listeners, broker=broker.settings)
         log.info(

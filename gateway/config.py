@@ -7,61 +7,194 @@ config: one listener on 127.0.0.1:1883, anonymous clients allowed. Options marke
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import re
-import socket
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, cast, get_args, get_origin, get_type_hints
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
+    create_model,
     field_validator,
     model_validator,
 )
 
+from gateway.ble_settings import (
+    BEACON_FORMATS,
+    GATT_FORMATS,
+    BleDeviceSettings,
+    GattCharacteristicSettings,
+    GattFieldSettings,
+)
 from gateway.bridge.rules import rule_errors
 from gateway.bridge.settings import BridgeSettings, OutboxSettings, RuleSettings, TlsSettings
-from gateway.broker.settings import NEVER_EXPIRES, BrokerSettings
-from gateway.mqtt.reason_codes import ReasonCode
-from gateway.mqtt.topics import filter_error
-from gateway.mqtt.wire import VARINT_MAX
+from gateway.broker.settings import BrokerSettings
+from gateway.field_settings import FieldSettings
+from gateway.mqtt.topics import filter_error, topic_name_error
+from gateway.mqttsn.settings import MqttSnSerialSettings, MqttSnSettings, UdpSettings
 from gateway.runtime import (
+    AuthSettings,
+    BluetoothSettings,
     ConfigError,
-    FieldSettings,
+    GatewaySettings,
+    HomeAssistantSettings,
     ListenerSettings,
+    LogSettings,
+    ReadingsSettings,
     RuntimeConfig,
-    SensorSettings,
     SerialSettings,
     TapSettings,
 )
 from gateway.store.settings import StoreSettings
 
 
-def _reload(yes: bool) -> dict[str, Any]:
-    return {"reload": yes}
-
-
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _readable(path: Path | None) -> Path | None:
+# ----------------------------------------------------------------------- models
+#
+# Each TOML table is a settings dataclass (``option`` fields: default, reload, bounds);
+# ``section_model`` makes its pydantic model from those fields, on a base class that
+# adds what only a validator can check (files readable, names unique...).
+# ``settings_from`` turns a validated model back into the dataclass.
+
+#: Names the runtime's annotations use without importing them (see gateway.runtime).
+_LAZY_NAMES: dict[str, Any] = {
+    "BridgeSettings": BridgeSettings,
+    "BleDeviceSettings": BleDeviceSettings,
+}
+
+#: Settings dataclass -> its model, and back.
+_MODELS: dict[type, type[_Model]] = {}
+_SETTINGS: dict[type[BaseModel], type] = {}
+
+
+def section_model(
+    settings: type,
+    base: type[_Model] = _Model,
+    *,
+    also: tuple[type, str] | None = None,
+    extra: dict[str, Any] | None = None,
+    name: str = "",
+) -> type[_Model]:
+    """The model of ``settings``'s options: every field but internal ones and ones
+    written in another table; ``also = (dataclass, table)`` adds the fields of another
+    dataclass that are written in this table; ``extra`` adds fields only the file has."""
+    spec: dict[str, Any] = {}
+    for owner, section in ((settings, ""), *([also] if also else [])):
+        hints = get_type_hints(owner, localns=_LAZY_NAMES)
+        for f in dataclasses.fields(owner):
+            if f.metadata.get("internal") or f.metadata.get("section", "") != section:
+                continue
+            spec[f.name] = (_model_type(hints[f.name]), _model_field(f))
+    spec.update(extra or {})
+    model: type[_Model] = create_model(
+        name or settings.__name__.removesuffix("Settings") + "Config",
+        __base__=base,
+        __module__=__name__,
+        **spec,
+    )
+    _MODELS[settings] = model
+    _SETTINGS[model] = settings
+    return model
+
+
+def _model_field(f: dataclasses.Field[Any]) -> Any:
+    kwargs = dict(f.metadata.get("bounds", {}))
+    kwargs["json_schema_extra"] = {"reload": f.metadata.get("reload", False)}
+    if isinstance(f.default, tuple):
+        default = f.default
+        return Field(default_factory=lambda: list(default), **kwargs)
+    if f.default is not dataclasses.MISSING:
+        return Field(f.default, **kwargs)
+    factory = f.default_factory
+    if factory is dataclasses.MISSING:
+        return Field(**kwargs)  # required
+    if isinstance(factory, type) and factory in _MODELS:
+        return Field(default_factory=_MODELS[factory], **kwargs)
+    made = factory()
+    if isinstance(made, tuple) and made and dataclasses.is_dataclass(made[0]):
+        return Field(default_factory=lambda: [_to_model(item) for item in factory()], **kwargs)
+    return Field(default_factory=factory, **kwargs)
+
+
+def _model_type(hint: Any) -> Any:
+    """A dataclass's type hint with the settings dataclasses in it replaced by models."""
+    if isinstance(hint, type) and hint in _MODELS:
+        return _MODELS[hint]
+    origin, args = get_origin(hint), get_args(hint)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return list[_model_type(args[0])]  # type: ignore[misc]  # a TOML array
+    if origin is tuple:
+        return tuple[tuple(_model_type(a) for a in args)]  # type: ignore[misc]
+    if origin is dict:
+        return dict[_model_type(args[0]), _model_type(args[1])]  # type: ignore[misc]
+    return hint
+
+
+def _to_model(value: Any) -> Any:
+    model = _MODELS[type(value)]
+    return model(**{name: getattr(value, name) for name in model.model_fields})
+
+
+def settings_from(model: BaseModel, **given: Any) -> Any:
+    """The settings dataclass of a validated model; ``given`` supplies the fields the
+    file does not hold as they are (internal ones, ones from another table)."""
+    settings = next(_SETTINGS[c] for c in type(model).__mro__ if c in _SETTINGS)
+    hints = get_type_hints(settings, localns=_LAZY_NAMES)
+    values = dict(given)
+    for f in dataclasses.fields(settings):
+        if f.name not in values and f.name in type(model).model_fields:
+            values[f.name] = _settings_value(getattr(model, f.name), hints[f.name])
+    return settings(**values)
+
+
+def _settings_value(value: Any, hint: Any) -> Any:
+    if isinstance(value, BaseModel):
+        convert = getattr(value, "to_settings", None)
+        return convert() if convert is not None else settings_from(value)
+    if isinstance(value, list | tuple):
+        args = get_args(hint)
+        inner = args[0] if args else Any
+        return tuple(_settings_value(v, inner) for v in value)
+    if isinstance(value, dict):
+        args = get_args(hint)
+        return {k: _settings_value(v, args[1] if args else Any) for k, v in value.items()}
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+# ----------------------------------------------------------------------- checks
+
+
+def _fields_of(model: BaseModel) -> Callable[[str], Any]:
+    """A model's field values by name (for checks declared on a base class)."""
+    values: dict[str, Any] = model.__dict__
+    return values.__getitem__
+
+
+def _readable(path: str | None) -> str | None:
     """A file that must be readable now (checked where the config is validated)."""
     if path is not None:
         try:
-            with path.open("rb"):
+            with Path(path).open("rb"):
                 pass
         except OSError as exc:
-            raise ValueError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
+            raise ValueError(f"cannot read {path!r}: {exc.strerror or exc}") from None
     return path
 
 
-def _parsed(path: Path | None, module: str, parser: str) -> Path | None:
+def _parsed(path: str | None, module: str, parser: str) -> str | None:
     """A readable file that ``module.parser`` accepts; the module is imported only when a
     file is configured (it costs memory otherwise)."""
     if _readable(path) is None:
@@ -69,70 +202,54 @@ def _parsed(path: Path | None, module: str, parser: str) -> Path | None:
     assert path is not None
     parse = getattr(importlib.import_module(module), parser)
     try:
-        parse(path.read_text(encoding="utf-8"))
+        parse(Path(path).read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{str(path)!r}: {exc}") from None
+        raise ValueError(f"{path!r}: {exc}") from None
     return path
 
 
-def _password_file(path: Path | None) -> Path | None:
+def _password_file(path: str | None) -> str | None:
     return _parsed(path, "gateway.broker.auth", "parse_password_file")
 
 
-def _acl_file(path: Path | None) -> Path | None:
+def _acl_file(path: str | None) -> str | None:
     return _parsed(path, "gateway.broker.acl", "parse_acl_file")
 
 
-class ListenerConfig(_Model):
+def _topic_level(value: str) -> str:
+    if set(value) & set("/+#$ \x00"):
+        raise ValueError("must not contain '/', '+', '#', '$' or spaces (it is a topic level)")
+    return value
+
+
+class _ListenerChecks(_Model):
     """One place clients connect (mosquitto's ``listener`` with per-listener settings)."""
 
-    host: str = Field("127.0.0.1", description="Address to bind.", json_schema_extra=_reload(False))
-    port: int = Field(
-        1883,
-        ge=0,
-        le=65535,
-        description="TCP port; 0 picks a free one.",
-        json_schema_extra=_reload(False),
-    )
-    name: str = Field("", description="Label used in logs.", json_schema_extra=_reload(False))
-    type: Literal["tcp", "tls", "websocket", "websocket-tls"] = Field(
-        "tcp", json_schema_extra=_reload(False)
-    )
-    path: str = Field("/mqtt", json_schema_extra=_reload(True))
-    max_connections: int = Field(0, ge=0, json_schema_extra=_reload(True))
-    allow_anonymous: bool | None = Field(None, json_schema_extra=_reload(True))
-    password_file: Path | None = Field(None, json_schema_extra=_reload(True))
-    acl_file: Path | None = Field(None, json_schema_extra=_reload(True))
-    certfile: Path | None = Field(None, json_schema_extra=_reload(True))
-    keyfile: Path | None = Field(None, json_schema_extra=_reload(True))
-    cafile: Path | None = Field(None, json_schema_extra=_reload(True))
-    require_certificate: bool = Field(False, json_schema_extra=_reload(True))
-    use_identity_as_username: bool = Field(False, json_schema_extra=_reload(True))
-    tls_version: Literal["tlsv1.2", "tlsv1.3"] = Field("tlsv1.2", json_schema_extra=_reload(True))
-
-    _files = field_validator("certfile", "keyfile", "cafile")(_readable)
-    _passwords = field_validator("password_file")(_password_file)
-    _acl = field_validator("acl_file")(_acl_file)
+    _files = field_validator("certfile", "keyfile", "cafile", check_fields=False)(_readable)
+    _passwords = field_validator("password_file", check_fields=False)(_password_file)
+    _acl = field_validator("acl_file", check_fields=False)(_acl_file)
 
     @model_validator(mode="after")
-    def _consistent(self) -> ListenerConfig:
-        tls = self.type in ("tls", "websocket-tls")
-        if tls and (self.certfile is None or self.keyfile is None):
-            raise ValueError(f"type {self.type!r} needs certfile and keyfile")
+    def _consistent(self) -> Any:
+        get = _fields_of(self)
+        kind = get("type")
+        tls = kind in ("tls", "websocket-tls")
+        if tls and (get("certfile") is None or get("keyfile") is None):
+            raise ValueError(f"type {kind!r} needs certfile and keyfile")
         if not tls:
             options = ("certfile", "keyfile", "cafile", "require_certificate")
-            given = [o for o in options if getattr(self, o)]
-            if given or self.use_identity_as_username:
+            given = [o for o in options if get(o)]
+            if given or get("use_identity_as_username"):
                 raise ValueError(
                     f"{', '.join(given or ['use_identity_as_username'])} only apply to "
                     "type 'tls' or 'websocket-tls'"
                 )
-        if self.require_certificate and self.cafile is None:
+        if get("require_certificate") and get("cafile") is None:
             raise ValueError("require_certificate needs cafile (the CA that signs clients)")
-        if self.use_identity_as_username and not self.require_certificate:
+        if get("use_identity_as_username") and not get("require_certificate"):
             raise ValueError("use_identity_as_username needs require_certificate = true")
-        if not self.path.startswith("/"):
-            raise ValueError(f"path {self.path!r} must start with '/'")
+        if not str(get("path")).startswith("/"):
+            raise ValueError(f"path {get('path')!r} must start with '/'")
         if tls:
             self._load_tls()
         return self
@@ -144,63 +261,27 @@ class ListenerConfig(_Model):
 
         from gateway.net.tls import TLSSettings, server_context
 
-        assert self.certfile is not None and self.keyfile is not None
+        get = _fields_of(self)
         try:
             server_context(
                 TLSSettings(
-                    str(self.certfile),
-                    str(self.keyfile),
-                    None if self.cafile is None else str(self.cafile),
-                    self.require_certificate,
-                    self.tls_version,
+                    get("certfile"),
+                    get("keyfile"),
+                    get("cafile"),
+                    get("require_certificate"),
+                    get("tls_version"),
                 )
             )
         except (ssl.SSLError, OSError, ValueError) as exc:
             raise ValueError(f"cannot use certfile/keyfile/cafile: {exc}") from None
 
 
-class BrokerConfig(_Model):
+class _BrokerChecks(_Model):
     """Broker limits and switches (see the example config for each meaning)."""
 
-    max_connections: int = Field(1024, ge=1, json_schema_extra=_reload(False))
-    max_packet_size: int = Field(
-        1_048_576, ge=64, le=VARINT_MAX + 5, json_schema_extra=_reload(False)
-    )
-    max_keepalive: int = Field(60, ge=0, le=65535, json_schema_extra=_reload(True))
-    connect_timeout: float = Field(10.0, gt=0, json_schema_extra=_reload(True))
-    receive_maximum: int = Field(100, ge=1, le=65535, json_schema_extra=_reload(False))
-    max_inflight: int = Field(100, ge=1, le=65535, json_schema_extra=_reload(True))
-    max_queued_messages: int = Field(1000, ge=0, json_schema_extra=_reload(True))
-    max_queued_bytes: int = Field(8 * 1024 * 1024, ge=0, json_schema_extra=_reload(True))
-    queue_qos0_offline: bool = Field(False, json_schema_extra=_reload(True))
-    topic_alias_maximum: int = Field(10, ge=0, le=65535, json_schema_extra=_reload(False))
-    retain_available: bool = Field(True, json_schema_extra=_reload(False))
-    max_retained_messages: int = Field(10_000, ge=0, json_schema_extra=_reload(False))
-    max_retained_bytes: int = Field(64 * 1024 * 1024, ge=0, json_schema_extra=_reload(False))
-    wildcard_subscriptions: bool = Field(True, json_schema_extra=_reload(False))
-    shared_subscriptions: bool = Field(True, json_schema_extra=_reload(False))
-    subscription_identifiers: bool = Field(True, json_schema_extra=_reload(False))
-    max_subscriptions_per_client: int = Field(4096, ge=1, json_schema_extra=_reload(True))
-    max_session_expiry_interval: int = Field(
-        NEVER_EXPIRES, ge=0, le=NEVER_EXPIRES, json_schema_extra=_reload(True)
-    )
-    persistent_session_expiry: int = Field(
-        NEVER_EXPIRES, ge=0, le=NEVER_EXPIRES, json_schema_extra=_reload(True)
-    )
-    allow_zero_length_client_id: bool = Field(True, json_schema_extra=_reload(True))
-    assigned_client_id_prefix: str = Field("ledge-", json_schema_extra=_reload(True))
-    deny_subscriptions: list[str] = Field(default_factory=list, json_schema_extra=_reload(True))
-    deny_subscription_reason: Literal["unspecified_error", "not_authorized"] = Field(
-        "unspecified_error", json_schema_extra=_reload(True)
-    )
-    sys_interval: float = Field(10.0, ge=0, json_schema_extra=_reload(False))
-    response_information_prefix: str = Field("response/", json_schema_extra=_reload(True))
-    max_outbound_bytes: int = Field(1024 * 1024, ge=1024, json_schema_extra=_reload(False))
-    slow_consumer_timeout: float = Field(60.0, ge=0, json_schema_extra=_reload(True))
-
-    @field_validator("deny_subscriptions")
+    @field_validator("deny_subscriptions", check_fields=False)
     @classmethod
-    def _filters_valid(cls, value: list[str]) -> list[str]:
+    def _filters_valid(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for i, topic_filter in enumerate(value):
             error = filter_error(topic_filter)
             if error:
@@ -208,17 +289,8 @@ class BrokerConfig(_Model):
         return value
 
 
-def default_gateway_id() -> str:
-    """The host name, made safe for a topic level."""
-    name = socket.gethostname().split(".")[0] or "ledge"
-    return re.sub(r"[^A-Za-z0-9_-]", "_", name)
-
-
-class GatewayConfig(_Model):
-    id: str = Field(default_factory=default_gateway_id, json_schema_extra=_reload(False))
-    health_interval: float = Field(60.0, ge=0, json_schema_extra=_reload(False))
-
-    @field_validator("id")
+class _GatewayChecks(_Model):
+    @field_validator("id", check_fields=False)
     @classmethod
     def _topic_level(cls, value: str) -> str:
         if not value or set(value) & set("/+#$ \x00"):
@@ -226,44 +298,10 @@ class GatewayConfig(_Model):
         return value
 
 
-class ReadingsConfig(_Model):
-    topic_prefix: str = Field("ledge", min_length=1, json_schema_extra=_reload(False))
-    payload: Literal["json", "value"] = Field("json", json_schema_extra=_reload(False))
-    qos: int = Field(0, ge=0, le=2, json_schema_extra=_reload(False))
-    retain: bool = Field(False, json_schema_extra=_reload(False))
+class _SerialChecks(_Model):
+    _name = field_validator("name", check_fields=False)(_topic_level)
 
-
-class FieldConfig(_Model):
-    quantity: str = Field(min_length=1)
-    unit: str | None = None
-    scale: float = 1.0
-    offset: float = 0.0
-
-
-class SerialConfig(_Model):
-    name: str = Field(min_length=1, json_schema_extra=_reload(False))
-    path: str = Field(min_length=1, json_schema_extra=_reload(False))
-    protocol: Literal["nmea", "jsonl", "kv"] = Field("jsonl", json_schema_extra=_reload(False))
-    baudrate: int = Field(9600, gt=0, json_schema_extra=_reload(False))
-    bytesize: Literal[5, 6, 7, 8] = Field(8, json_schema_extra=_reload(False))
-    parity: Literal["none", "even", "odd", "mark", "space"] = Field(
-        "none", json_schema_extra=_reload(False)
-    )
-    stopbits: float = Field(1, json_schema_extra=_reload(False))
-    max_line: int = Field(1024, ge=16, le=1_048_576, json_schema_extra=_reload(False))
-    fields: dict[str, FieldConfig] = Field(default_factory=dict, json_schema_extra=_reload(False))
-    only_mapped: bool = Field(False, json_schema_extra=_reload(False))
-    commands: bool = Field(False, json_schema_extra=_reload(False))
-    command_newline: str = Field("\n", json_schema_extra=_reload(False))
-
-    @field_validator("name")
-    @classmethod
-    def _topic_level(cls, value: str) -> str:
-        if set(value) & set("/+#$ \x00"):
-            raise ValueError("must not contain '/', '+', '#', '$' or spaces (it is a topic level)")
-        return value
-
-    @field_validator("stopbits")
+    @field_validator("stopbits", check_fields=False)
     @classmethod
     def _stopbits(cls, value: float) -> float:
         if value not in (1, 1.5, 2):
@@ -271,133 +309,265 @@ class SerialConfig(_Model):
         return value
 
 
-class HomeAssistantConfig(_Model):
-    enabled: bool = Field(False, json_schema_extra=_reload(False))
-    discovery_prefix: str = Field("homeassistant", min_length=1, json_schema_extra=_reload(False))
+_BLE_ADDRESS = re.compile(r"^[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}$")
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 
 
-class TapsConfig(_Model):
-    module: str | None = Field(None, json_schema_extra=_reload(False))
-    queue_size: int = Field(1000, ge=1, json_schema_extra=_reload(False))
+def _gatt_uuid(value: str | None) -> str | None:
+    """A characteristic UUID: 128-bit form, or a 16-bit SIG one as 4 hex digits."""
+    if value is None:
+        return None
+    if re.fullmatch(r"(0x)?[0-9a-fA-F]{4}", value):
+        return f"0000{value[-4:].lower()}-0000-1000-8000-00805f9b34fb"
+    if not _UUID.match(value):
+        raise ValueError(f"{value!r} is not a UUID (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx or 2a19)")
+    return value.lower()
 
 
-class StoreConfig(_Model):
-    durability: Literal["power", "process"] = Field("power", json_schema_extra=_reload(False))
-    on_corrupt: Literal["refuse", "move-aside"] = Field("refuse", json_schema_extra=_reload(False))
-    max_bytes: int = Field(0, ge=0, json_schema_extra=_reload(False))
+class _GattCharacteristicChecks(_Model):
+    _uuid = field_validator("uuid", check_fields=False)(_gatt_uuid)
 
 
-class BridgeTlsConfig(_Model):
-    enabled: bool = False
-    ca_file: Path | None = None
-    cert_file: Path | None = None
-    key_file: Path | None = None
-    insecure: bool = False
+class _BleDeviceChecks(_Model):
+    """One ``[[ble]]`` device."""
+
+    _command_uuid = field_validator("command_uuid", check_fields=False)(_gatt_uuid)
+
+    @field_validator("name", check_fields=False)
+    @classmethod
+    def _topic_level(cls, value: str) -> str:
+        if set(value) & set("/+#$ \x00") or value == "adapter":
+            raise ValueError("must not contain '/', '+', '#', '$' or spaces, nor be 'adapter'")
+        return value
+
+    @field_validator("address", check_fields=False)
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if value is not None and not _BLE_ADDRESS.match(value):
+            raise ValueError(f"{value!r} is not a Bluetooth address like A4:C1:38:12:34:56")
+        return None if value is None else value.upper()
+
+    @field_validator("bindkey", check_fields=False)
+    @classmethod
+    def _bindkey(cls, value: str | None) -> str | None:
+        if value is not None:
+            from drivers.parsers.ble.ccm import parse_key
+
+            parse_key(value)
+        return value
 
     @model_validator(mode="after")
-    def _files(self) -> BridgeTlsConfig:
-        if (self.cert_file is None) != (self.key_file is None):
+    def _consistent(self) -> Any:
+        get = _fields_of(self)
+        fmt, address, beacon = get("format"), get("address"), get("beacon")
+        gatt = fmt in GATT_FORMATS
+        if (address is None) == (beacon is None):
+            raise ValueError("give the device's address, or (for a beacon) its beacon identity")
+        if beacon is not None and fmt not in ("auto", *BEACON_FORMATS):
+            raise ValueError("beacon applies to formats 'ibeacon' and 'eddystone'")
+        if get("bindkey") is not None and fmt not in ("auto", "bthome", "mibeacon"):
+            raise ValueError("bindkey applies to formats 'bthome' and 'mibeacon'")
+        if fmt == "gatt" and not get("characteristics") and get("command_uuid") is None:
+            raise ValueError("format 'gatt' needs characteristics or a command_uuid")
+        if get("characteristics") and not gatt:
+            raise ValueError("characteristics apply to formats 'gatt' and 'lywsd03mmc'")
+        if get("command_uuid") is not None and not gatt:
+            raise ValueError("command_uuid applies to formats 'gatt' and 'lywsd03mmc'")
+        if gatt and address is None:
+            raise ValueError("a GATT device needs its address")
+        return self
+
+
+class _BluetoothChecks(_Model):
+    """``[bluetooth]``: the adapter, its scanner and the watchdog."""
+
+    @field_validator("allow", check_fields=False)
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        for i, pattern in enumerate(value):
+            if not re.fullmatch(r"[0-9A-Fa-f:*?]+", pattern):
+                raise ValueError(f"entry {i} ({pattern!r}) is not an address pattern (A4:C1:38:*)")
+        return value
+
+
+class _BridgeTlsChecks(_Model):
+    @model_validator(mode="after")
+    def _files(self) -> Any:
+        get = _fields_of(self)
+        if (get("cert_file") is None) != (get("key_file") is None):
             raise ValueError("cert_file and key_file go together (mutual TLS)")
         for name in ("ca_file", "cert_file", "key_file"):
-            path: Path | None = getattr(self, name)
-            if path is not None and not path.is_file():
+            path = get(name)
+            if path is not None and not Path(path).is_file():
                 raise ValueError(f"{name}: no such file: {path}")
         return self
 
 
-class BridgeRuleConfig(_Model):
-    filter: str = Field(min_length=1)
-    direction: Literal["out", "in", "both"] = "out"
-    qos: int = Field(1, ge=0, le=2)
-    local_prefix: str = ""
-    remote_prefix: str = ""
-    retain: Literal["keep", "strip"] = "keep"
-
+class _BridgeRuleChecks(_Model):
     @model_validator(mode="after")
-    def _valid(self) -> BridgeRuleConfig:
-        problems = rule_errors(RuleSettings(**self.model_dump()))
+    def _valid(self) -> Any:
+        problems = rule_errors(settings_from(self))
         if problems:
             raise ValueError("; ".join(problems))
         return self
 
 
-class OutboxConfig(_Model):
-    max_bytes: int = Field(64 * 1024 * 1024, ge=1024)
-    max_messages: int = Field(500_000, ge=1)
-    when_full: Literal["drop-oldest", "drop-newest", "refuse"] = "drop-oldest"
-    memory_bytes: int = Field(4 * 1024 * 1024, ge=64 * 1024)
-
-
-class BridgeConfig(_Model):
-    name: str = Field(min_length=1, json_schema_extra=_reload(False))
-    address: str | None = Field(None, json_schema_extra=_reload(False))
-    addresses: list[str] = Field(default_factory=list, json_schema_extra=_reload(False))
-    protocol: Literal["5.0", "3.1.1"] = Field("5.0", json_schema_extra=_reload(False))
-    client_id: str = Field("", max_length=65535, json_schema_extra=_reload(False))
-    username: str | None = Field(None, json_schema_extra=_reload(False))
-    password: str | None = Field(None, json_schema_extra=_reload(False))
-    keepalive: int = Field(60, ge=0, le=65535, json_schema_extra=_reload(False))
-    clean_start: bool = Field(False, json_schema_extra=_reload(False))
-    session_expiry: int = Field(3600, ge=0, le=NEVER_EXPIRES, json_schema_extra=_reload(False))
-    tls: BridgeTlsConfig = Field(default_factory=BridgeTlsConfig)
-    rules: list[BridgeRuleConfig] = Field(min_length=1, json_schema_extra=_reload(False))
-    outbox: OutboxConfig = Field(default_factory=OutboxConfig)
-    qos0: Literal["outbox", "bypass"] = Field("outbox", json_schema_extra=_reload(False))
-    max_inflight: int = Field(100, ge=1, le=65535, json_schema_extra=_reload(False))
-    rate_limit: float = Field(0.0, ge=0, json_schema_extra=_reload(False))
-    envelope: bool = Field(False, json_schema_extra=_reload(False))
-    reconnect_min: float = Field(1.0, gt=0, json_schema_extra=_reload(False))
-    reconnect_max: float = Field(60.0, gt=0, json_schema_extra=_reload(False))
-    connect_timeout: float = Field(10.0, gt=0, json_schema_extra=_reload(False))
-
-    @field_validator("name")
-    @classmethod
-    def _topic_level(cls, value: str) -> str:
-        if set(value) & set("/+#$ \x00"):
-            raise ValueError("must not contain '/', '+', '#', '$' or spaces (it is a topic level)")
-        return value
+class _BridgeChecks(_Model):
+    _name = field_validator("name", check_fields=False)(_topic_level)
 
     @model_validator(mode="after")
-    def _remote(self) -> BridgeConfig:
-        if not self.address and not self.addresses:
+    def _remote(self) -> Any:
+        get = _fields_of(self)
+        if not get("address") and not get("addresses"):
             raise ValueError("give the remote broker as address (or addresses, tried in turn)")
         for text in self.remote_addresses():
-            parse_remote(text, self.tls.enabled)
-        if self.reconnect_max < self.reconnect_min:
+            parse_remote(text, get("tls").enabled)
+        if get("reconnect_max") < get("reconnect_min"):
             raise ValueError("reconnect_max must not be below reconnect_min")
         return self
 
     def remote_addresses(self) -> list[str]:
-        return ([self.address] if self.address else []) + list(self.addresses)
+        get = _fields_of(self)
+        return ([get("address")] if get("address") else []) + list(get("addresses"))
 
     def to_settings(self) -> BridgeSettings:
-        return BridgeSettings(
-            name=self.name,
-            addresses=tuple(parse_remote(a, self.tls.enabled) for a in self.remote_addresses()),
-            rules=tuple(RuleSettings(**r.model_dump()) for r in self.rules),
-            protocol=5 if self.protocol == "5.0" else 4,
-            client_id=self.client_id,
-            username=self.username,
-            password=self.password,
-            tls=TlsSettings(
-                self.tls.enabled,
-                None if self.tls.ca_file is None else str(self.tls.ca_file),
-                None if self.tls.cert_file is None else str(self.tls.cert_file),
-                None if self.tls.key_file is None else str(self.tls.key_file),
-                self.tls.insecure,
-            ),
-            keepalive=self.keepalive,
-            clean_start=self.clean_start,
-            session_expiry=self.session_expiry,
-            outbox=OutboxSettings(**self.outbox.model_dump()),
-            qos0=self.qos0,
-            max_inflight=self.max_inflight,
-            rate_limit=self.rate_limit,
-            envelope=self.envelope,
-            reconnect_min=self.reconnect_min,
-            reconnect_max=self.reconnect_max,
-            connect_timeout=self.connect_timeout,
+        tls = self.__dict__["tls"].enabled
+        addresses = tuple(parse_remote(a, tls) for a in self.remote_addresses())
+        settings: BridgeSettings = settings_from(self, addresses=addresses)
+        return settings
+
+
+class _AuthChecks(_Model):
+    """Defaults for listeners that say nothing, and the failed-login slowdown."""
+
+    _passwords = field_validator("password_file", check_fields=False)(_readable)
+    _acl = field_validator("acl_file", check_fields=False)(_acl_file)
+
+    @model_validator(mode="after")
+    def _delays(self) -> Any:
+        get = _fields_of(self)
+        if get("failed_login_delay_max") < get("failed_login_delay"):
+            raise ValueError("failed_login_delay_max is below failed_login_delay")
+        return self
+
+
+class _ConfigChecks(_Model):
+    @field_validator("serial", "ble", "bridges", check_fields=False)
+    @classmethod
+    def _unique_names(cls, value: tuple[Any, ...], info: ValidationInfo) -> tuple[Any, ...]:
+        names = [item.name for item in value]
+        what = {"serial": "serial devices", "ble": "BLE devices"}.get(
+            info.field_name or "", "bridges"
         )
+        for name in names:
+            if names.count(name) > 1:
+                raise ValueError(f"two {what} are named {name!r}")
+        return value
+
+
+ListenerConfig = section_model(ListenerSettings, _ListenerChecks)
+BrokerConfig = section_model(BrokerSettings, _BrokerChecks)
+StoreConfig = section_model(StoreSettings)
+GatewayConfig = section_model(GatewaySettings, _GatewayChecks)
+ReadingsConfig = section_model(ReadingsSettings)
+FieldConfig = section_model(FieldSettings)
+SerialConfig = section_model(SerialSettings, _SerialChecks)
+HomeAssistantConfig = section_model(HomeAssistantSettings)
+TapsConfig = section_model(TapSettings)
+BluetoothConfig = section_model(BluetoothSettings, _BluetoothChecks)
+GattFieldConfig = section_model(GattFieldSettings)
+GattCharacteristicConfig = section_model(GattCharacteristicSettings, _GattCharacteristicChecks)
+BleDeviceConfig = section_model(BleDeviceSettings, _BleDeviceChecks)
+BridgeTlsConfig = section_model(TlsSettings, _BridgeTlsChecks)
+BridgeRuleConfig = section_model(RuleSettings, _BridgeRuleChecks)
+OutboxConfig = section_model(OutboxSettings)
+BridgeConfig = section_model(
+    BridgeSettings,
+    _BridgeChecks,
+    # The file names remote brokers as text; BridgeSettings.addresses holds them parsed.
+    extra={
+        "address": (str | None, Field(None, json_schema_extra={"reload": False})),
+        "addresses": (list[str], Field(default_factory=list, json_schema_extra={"reload": False})),
+    },
+)
+AuthConfig = section_model(AuthSettings, _AuthChecks, also=(BrokerSettings, "auth"))
+LogConfig = section_model(LogSettings)
+
+
+# ----------------------------------------------------------------------- [mqttsn]
+# The firmware bridge (MQTT-SN 1.2): its transports, predefined topics and bounds.
+
+
+class _MqttSnUdpChecks(_Model):
+    @field_validator("broadcast", check_fields=False)
+    @classmethod
+    def _addresses(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for text in value:
+            parse_remote(text, False)
+        return value
+
+
+class _MqttSnChecks(_Model):
+    @field_validator("predefined_topics", check_fields=False)
+    @classmethod
+    def _predefined(cls, value: dict[int, str]) -> dict[int, str]:
+        for topic_id, name in value.items():
+            if not 0 < topic_id < 0xFFFF:
+                raise ValueError(f"topic id {topic_id} is not 1..65534")
+            error = topic_name_error(name)
+            if error:
+                raise ValueError(f"topic id {topic_id} ({name!r}): {error}")
+        return value
+
+    @model_validator(mode="after")
+    def _names(self) -> Any:
+        get = _fields_of(self)
+        labels = [u.name or f"udp {u.host}:{u.port}" for u in get("udp")]
+        labels += [s.name for s in get("serial")]
+        for label in labels:
+            if labels.count(label) > 1:
+                raise ValueError(f"two MQTT-SN transports are named {label!r}")
+        return self
+
+
+MqttSnUdpConfig = section_model(UdpSettings, _MqttSnUdpChecks, name="MqttSnUdpConfig")
+MqttSnSerialConfig = section_model(MqttSnSerialSettings)
+MqttSnConfig = section_model(MqttSnSettings, _MqttSnChecks)
+_ConfigModel = section_model(RuntimeConfig, _ConfigChecks, name="ConfigFile")
+
+
+class Config(_ConfigModel):  # type: ignore[valid-type, misc]
+    """The whole file, validated."""
+
+    def to_runtime(
+        self, path: Path | None = None, overrides: Overrides | None = None
+    ) -> RuntimeConfig:
+        """The validated config as plain data for the gateway process."""
+        runtime: RuntimeConfig = settings_from(
+            self,
+            listeners=tuple(self.listener_settings(lc) for lc in self.listeners),
+            broker=self.broker_settings(),
+            auth=settings_from(self.auth),
+            config_path=None if path is None else str(path),
+            override_args=overrides.args() if overrides is not None else (),
+        )
+        return runtime
+
+    def listener_settings(self, lc: BaseModel) -> ListenerSettings:
+        """A listener as plain data, what it leaves unsaid taken from ``[auth]``."""
+        listener: ListenerSettings = settings_from(lc)
+        auth: AuthSettings = settings_from(self.auth)
+        return listener.resolved(auth)
+
+    def broker_settings(self) -> BrokerSettings:
+        """``[broker]``, with the failed-login delays written in ``[auth]``."""
+        auth = self.auth
+        settings: BrokerSettings = settings_from(
+            self.broker,
+            failed_login_delay=auth.failed_login_delay,
+            failed_login_delay_max=auth.failed_login_delay_max,
+        )
+        return settings
 
 
 def parse_remote(text: str, tls: bool) -> tuple[str, int]:
@@ -414,151 +584,6 @@ def parse_remote(text: str, tls: bool) -> tuple[str, int]:
     if not port_text.isdigit() or not 0 < int(port_text) <= 65535:
         raise ValueError(f"address {text!r}: port {port_text!r} is not 1..65535")
     return host, int(port_text)
-
-
-class AuthConfig(_Model):
-    """Defaults for listeners that say nothing, and the failed-login slowdown."""
-
-    allow_anonymous: bool = Field(True, json_schema_extra=_reload(True))
-    password_file: Path | None = Field(None, json_schema_extra=_reload(True))
-    acl_file: Path | None = Field(None, json_schema_extra=_reload(True))
-    failed_login_delay: float = Field(1.0, ge=0, json_schema_extra=_reload(True))
-    failed_login_delay_max: float = Field(30.0, ge=0, json_schema_extra=_reload(True))
-
-    _acl = field_validator("acl_file")(_acl_file)
-
-    @model_validator(mode="after")
-    def _delays(self) -> AuthConfig:
-        if self.failed_login_delay_max < self.failed_login_delay:
-            raise ValueError("failed_login_delay_max is below failed_login_delay")
-        return self
-
-
-class LogConfig(_Model):
-    level: Literal["debug", "info", "warning", "error"] = Field(
-        "info", json_schema_extra=_reload(True)
-    )
-
-
-class Config(_Model):
-    listeners: list[ListenerConfig] = Field(
-        default_factory=lambda: [ListenerConfig()], min_length=1, json_schema_extra=_reload(False)
-    )
-    data_dir: Path | None = Field(None, json_schema_extra=_reload(False))
-    broker: BrokerConfig = Field(default_factory=BrokerConfig)
-    store: StoreConfig = Field(default_factory=StoreConfig)
-    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
-    readings: ReadingsConfig = Field(default_factory=ReadingsConfig)
-    serial: list[SerialConfig] = Field(default_factory=list, json_schema_extra=_reload(False))
-    homeassistant: HomeAssistantConfig = Field(default_factory=HomeAssistantConfig)
-    taps: TapsConfig = Field(default_factory=TapsConfig)
-    bridges: list[BridgeConfig] = Field(default_factory=list, json_schema_extra=_reload(False))
-
-    @field_validator("serial")
-    @classmethod
-    def _unique_names(cls, value: list[SerialConfig]) -> list[SerialConfig]:
-        names = [s.name for s in value]
-        for name in names:
-            if names.count(name) > 1:
-                raise ValueError(f"two serial devices are named {name!r}")
-        return value
-
-    @field_validator("bridges")
-    @classmethod
-    def _unique_bridges(cls, value: list[BridgeConfig]) -> list[BridgeConfig]:
-        names = [b.name for b in value]
-        for name in names:
-            if names.count(name) > 1:
-                raise ValueError(f"two bridges are named {name!r}")
-        return value
-
-    auth: AuthConfig = Field(default_factory=AuthConfig)
-    log: LogConfig = Field(default_factory=LogConfig)
-
-    def to_runtime(
-        self, path: Path | None = None, overrides: Overrides | None = None
-    ) -> RuntimeConfig:
-        """The validated config as plain data for the gateway process."""
-        return RuntimeConfig(
-            listeners=tuple(self.listener_settings(lc) for lc in self.listeners),
-            broker=self.broker_settings(),
-            allow_anonymous=self.auth.allow_anonymous,
-            password_file=None if self.auth.password_file is None else str(self.auth.password_file),
-            acl_file=None if self.auth.acl_file is None else str(self.auth.acl_file),
-            log_level=self.log.level,
-            data_dir=None if self.data_dir is None else str(self.data_dir),
-            store=StoreSettings(self.store.durability, self.store.on_corrupt, self.store.max_bytes),
-            sensors=SensorSettings(
-                gateway=self.gateway.id,
-                prefix=self.readings.topic_prefix,
-                plain_payload=self.readings.payload == "value",
-                qos=self.readings.qos,
-                retain=self.readings.retain,
-                serial=tuple(
-                    SerialSettings(
-                        **{
-                            **s.model_dump(),
-                            "fields": {
-                                k: FieldSettings(**f.model_dump()) for k, f in s.fields.items()
-                            },
-                        }
-                    )
-                    for s in self.serial
-                ),
-                homeassistant=self.homeassistant.enabled,
-                discovery_prefix=self.homeassistant.discovery_prefix,
-            ),
-            taps=TapSettings(self.taps.module, self.taps.queue_size),
-            bridges=tuple(b.to_settings() for b in self.bridges),
-            health_interval=self.gateway.health_interval,
-            config_path=None if path is None else str(path),
-            override_args=overrides.args() if overrides is not None else (),
-            reloadable=(
-                *(name for name, yes in reloadable_fields(BrokerConfig).items() if yes),
-                "failed_login_delay",
-                "failed_login_delay_max",
-            ),
-        )
-
-    def listener_settings(self, lc: ListenerConfig) -> ListenerSettings:
-        """A listener as plain data, what it leaves unsaid taken from ``[auth]``."""
-
-        def text(path: Path | None) -> str | None:
-            return None if path is None else str(path)
-
-        auth = self.auth
-        return ListenerSettings(
-            lc.host,
-            lc.port,
-            lc.name,
-            type=lc.type,
-            path=lc.path,
-            max_connections=lc.max_connections,
-            allow_anonymous=auth.allow_anonymous
-            if lc.allow_anonymous is None
-            else lc.allow_anonymous,
-            password_file=text(lc.password_file or auth.password_file),
-            acl_file=text(lc.acl_file or auth.acl_file),
-            certfile=text(lc.certfile),
-            keyfile=text(lc.keyfile),
-            cafile=text(lc.cafile),
-            require_certificate=lc.require_certificate,
-            use_identity_as_username=lc.use_identity_as_username,
-            tls_version=lc.tls_version,
-        )
-
-    def broker_settings(self) -> BrokerSettings:
-        b = self.broker
-        values = b.model_dump()
-        values["deny_subscriptions"] = tuple(b.deny_subscriptions)
-        values["deny_subscription_reason"] = (
-            ReasonCode.NOT_AUTHORIZED
-            if b.deny_subscription_reason == "not_authorized"
-            else ReasonCode.UNSPECIFIED_ERROR
-        )
-        values["failed_login_delay"] = self.auth.failed_login_delay
-        values["failed_login_delay_max"] = self.auth.failed_login_delay_max
-        return BrokerSettings(**values)
 
 
 # ----------------------------------------------------------------------- loading
@@ -581,7 +606,7 @@ def parse_config(text: str, source: str = "<config>") -> Config:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(source, [f"TOML syntax error: {exc}"]) from None
     try:
-        return Config.model_validate(data)
+        return cast(Config, Config.model_validate(data))
     except ValidationError as exc:
         lines = _KeyLines(text)
         problems = []
@@ -681,9 +706,11 @@ class Overrides:
     def apply(self, config: Config) -> Config:
         changes: dict[str, Any] = {}
         if self.listen:
-            changes["listeners"] = [ListenerConfig(host=h, port=p) for h, p in self.listen]
+            changes["listeners"] = [
+                ListenerConfig.model_validate({"host": h, "port": p}) for h, p in self.listen
+            ]
         if self.data_dir is not None:
-            changes["data_dir"] = self.data_dir
+            changes["data_dir"] = str(self.data_dir)
         if self.log_level is not None:
             changes["log"] = LogConfig.model_validate({"level": self.log_level})
         return config.model_copy(update=changes) if changes else config

@@ -10,21 +10,28 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field, fields
+import re
+import socket
+import sys
+from dataclasses import Field, asdict, dataclass, fields, is_dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import UnionType
+from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
 
-from gateway.bridge.settings import BridgeSettings, OutboxSettings, RuleSettings, TlsSettings
 from gateway.broker.auth import (
     ListenerPolicy,
     PasswordAuthenticator,
     PasswordFileError,
     parse_password_file,
 )
-from gateway.broker.settings import BrokerSettings
+from gateway.broker.settings import BrokerSettings, option
+from gateway.field_settings import FieldSettings
+from gateway.mqttsn.settings import MqttSnSettings
 from gateway.store.settings import StoreSettings
 
 if TYPE_CHECKING:
+    from gateway.ble_settings import BleDeviceSettings
+    from gateway.bridge.settings import BridgeSettings
     from gateway.broker.acl import Acl
 
 #: Environment variable carrying the validated config into the gateway process.
@@ -46,145 +53,275 @@ class StartupError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class ListenerSettings:
-    host: str = "127.0.0.1"
-    port: int = 1883
-    name: str = ""
-    type: str = "tcp"
-    path: str = "/mqtt"
-    max_connections: int = 0
-    #: Resolved: the listener's own value, else ``[auth]``'s.
-    allow_anonymous: bool = True
-    password_file: str | None = None
-    acl_file: str | None = None
-    certfile: str | None = None
-    keyfile: str | None = None
-    cafile: str | None = None
-    require_certificate: bool = False
-    use_identity_as_username: bool = False
-    tls_version: str = "tlsv1.2"
+    """One ``[[listeners]]`` table: where clients connect and how."""
+
+    host: str = option("127.0.0.1")
+    port: int = option(1883, ge=0, le=65535)
+    name: str = option("")
+    type: Literal["tcp", "tls", "websocket", "websocket-tls"] = option("tcp")
+    path: str = option("/mqtt", reload=True)
+    max_connections: int = option(0, reload=True, ge=0)
+    #: None in the file means ``[auth]``'s; the validator fills it in (``resolved``).
+    allow_anonymous: bool | None = option(None, reload=True)
+    password_file: str | None = option(None, reload=True)
+    acl_file: str | None = option(None, reload=True)
+    certfile: str | None = option(None, reload=True)
+    keyfile: str | None = option(None, reload=True)
+    cafile: str | None = option(None, reload=True)
+    require_certificate: bool = option(False, reload=True)
+    use_identity_as_username: bool = option(False, reload=True)
+    tls_version: Literal["tlsv1.2", "tlsv1.3"] = option("tlsv1.2", reload=True)
 
     def identity(self) -> tuple[str, int, str, str]:
         """What only a restart can change: where it listens and what it speaks."""
         return self.host, self.port, self.name, self.type
 
+    def resolved(self, auth: AuthSettings) -> ListenerSettings:
+        """This listener with what it leaves unsaid taken from ``[auth]``."""
+        return replace(
+            self,
+            allow_anonymous=auth.allow_anonymous
+            if self.allow_anonymous is None
+            else self.allow_anonymous,
+            password_file=self.password_file or auth.password_file,
+            acl_file=self.acl_file or auth.acl_file,
+        )
+
 
 @dataclass(frozen=True, slots=True)
-class FieldSettings:
-    quantity: str
-    unit: str | None = None
-    scale: float = 1.0
-    offset: float = 0.0
+class AuthSettings:
+    """``[auth]``: what listeners that say nothing use (the failed-login delays are
+    ``BrokerSettings`` options written in this table)."""
+
+    allow_anonymous: bool = option(True, reload=True)
+    password_file: str | None = option(None, reload=True)
+    acl_file: str | None = option(None, reload=True)
+
+
+@dataclass(frozen=True, slots=True)
+class LogSettings:
+    level: Literal["debug", "info", "warning", "error"] = option("info", reload=True)
+
+
+def default_gateway_id() -> str:
+    """The host name, made safe for a topic level."""
+    name = socket.gethostname().split(".")[0] or "ledge"
+    return re.sub(r"[^A-Za-z0-9_-]", "_", name)
+
+
+@dataclass(frozen=True, slots=True)
+class GatewaySettings:
+    id: str = option(factory=default_gateway_id)
+    #: Seconds between <prefix>/<gateway>/health reports; 0: none.
+    health_interval: float = option(60.0, ge=0)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadingsSettings:
+    topic_prefix: str = option("ledge", min_length=1)
+    payload: Literal["json", "value"] = option("json")
+    qos: int = option(0, ge=0, le=2)
+    retain: bool = option(False)
+
+
+@dataclass(frozen=True, slots=True)
+class HomeAssistantSettings:
+    enabled: bool = option(False)
+    discovery_prefix: str = option("homeassistant", min_length=1)
 
 
 @dataclass(frozen=True, slots=True)
 class SerialSettings:
-    name: str
-    path: str
-    protocol: str = "jsonl"
-    baudrate: int = 9600
-    bytesize: int = 8
-    parity: str = "none"
-    stopbits: float = 1
-    max_line: int = 1024
-    fields: dict[str, FieldSettings] = field(default_factory=dict)
-    only_mapped: bool = False
-    commands: bool = False
-    command_newline: str = "\n"
+    name: str = option(min_length=1)
+    path: str = option(min_length=1)
+    protocol: Literal["nmea", "jsonl", "kv"] = option("jsonl")
+    baudrate: int = option(9600, gt=0)
+    bytesize: Literal[5, 6, 7, 8] = option(8)
+    parity: Literal["none", "even", "odd", "mark", "space"] = option("none")
+    stopbits: float = option(1)
+    max_line: int = option(1024, ge=16, le=1_048_576)
+    fields: dict[str, FieldSettings] = option(factory=dict)
+    only_mapped: bool = option(False)
+    commands: bool = option(False)
+    command_newline: str = option("\n")
 
 
 @dataclass(frozen=True, slots=True)
-class SensorSettings:
-    gateway: str
-    prefix: str = "ledge"
-    plain_payload: bool = False
-    qos: int = 0
-    retain: bool = False
-    serial: tuple[SerialSettings, ...] = ()
-    homeassistant: bool = False
-    discovery_prefix: str = "homeassistant"
+class BluetoothSettings:
+    """``[bluetooth]``: the adapter, its scanner, the watchdog, GATT connections, and
+    the defaults of ``[[ble]]`` devices (``gateway.ble_settings``)."""
+
+    adapter: str = option("hci0", pattern=r"^hci[0-9]+$")
+    scanning: Literal["auto", "passive", "active"] = option("auto")
+    watchdog: float = option(60.0, ge=0)
+    watchdog_backoff_max: float = option(300.0, gt=0)
+    queue_size: int = option(1000, ge=1)
+    max_devices: int = option(256, ge=1)
+    any_bthome: bool = option(False)
+    allow: tuple[str, ...] = option(())
+    gatt_concurrency: int = option(1, ge=1, le=8)
+    gatt_timeout: float = option(20.0, gt=0)
+    reconnect_min: float = option(1.0, gt=0)
+    reconnect_max: float = option(300.0, gt=0)
+    min_interval: float = option(10.0, ge=0)
+    heartbeat: float = option(300.0, ge=0)
+    away_after: float = option(300.0, gt=0)
 
 
 @dataclass(frozen=True, slots=True)
 class TapSettings:
-    module: str | None = None
-    queue_size: int = 1000
+    module: str | None = option(None)
+    queue_size: int = option(1000, ge=1)
+
+
+@dataclass(frozen=True, slots=True)
+class SensorSettings:
+    """What the sensor hub needs, gathered from ``[gateway]``, ``[readings]``,
+    ``[[serial]]``, ``[homeassistant]``, ``[bluetooth]`` and ``[[ble]]``
+    (``RuntimeConfig.sensors``)."""
+
+    gateway: str
+    prefix: str
+    plain_payload: bool
+    qos: int
+    retain: bool
+    serial: tuple[SerialSettings, ...]
+    homeassistant: bool
+    discovery_prefix: str
+    bluetooth: BluetoothSettings
+    ble: tuple[BleDeviceSettings, ...]
+
+    @property
+    def uses_ble(self) -> bool:
+        """BLE devices are configured (or adopted as they are heard)."""
+        return bool(self.ble) or self.bluetooth.any_bthome
+
+
+def _one_listener() -> tuple[ListenerSettings, ...]:
+    return (ListenerSettings(),)
 
 
 @dataclass(frozen=True, slots=True)
 class RuntimeConfig:
-    """Everything the gateway process needs, already validated."""
+    """Everything the gateway process needs, already validated: the config file's
+    tables as they are, plus where it came from."""
 
-    listeners: tuple[ListenerSettings, ...]
-    broker: BrokerSettings
-    allow_anonymous: bool = True
-    password_file: str | None = None
-    acl_file: str | None = None
-    log_level: str = "info"
-    data_dir: str | None = None
-    store: StoreSettings = field(default_factory=StoreSettings)
-    sensors: SensorSettings = field(default_factory=lambda: SensorSettings("ledge"))
-    taps: TapSettings = field(default_factory=TapSettings)
-    bridges: tuple[BridgeSettings, ...] = ()
-    #: Seconds between <prefix>/<gateway>/health reports; 0: none.
-    health_interval: float = 60.0
+    listeners: tuple[ListenerSettings, ...] = option(factory=_one_listener, min_length=1)
+    data_dir: str | None = option(None)
+    broker: BrokerSettings = option(factory=BrokerSettings)
+    store: StoreSettings = option(factory=StoreSettings)
+    gateway: GatewaySettings = option(factory=GatewaySettings)
+    readings: ReadingsSettings = option(factory=ReadingsSettings)
+    serial: tuple[SerialSettings, ...] = option(())
+    homeassistant: HomeAssistantSettings = option(factory=HomeAssistantSettings)
+    taps: TapSettings = option(factory=TapSettings)
+    bluetooth: BluetoothSettings = option(factory=BluetoothSettings)
+    ble: tuple[BleDeviceSettings, ...] = option(())
+    bridges: tuple[BridgeSettings, ...] = option(())
+    mqttsn: MqttSnSettings = option(factory=MqttSnSettings)
+    auth: AuthSettings = option(factory=AuthSettings)
+    log: LogSettings = option(factory=LogSettings)
     #: The file the config came from (None: the embedded default) ...
-    config_path: str | None = None
+    config_path: str | None = option(None, internal=True)
     #: ... and the command-line flags that override it, re-applied on reload.
-    override_args: tuple[str, ...] = ()
-    #: Broker settings a SIGHUP may change while running.
-    reloadable: tuple[str, ...] = ()
+    override_args: tuple[str, ...] = option((), internal=True)
+
+    @property
+    def reloadable(self) -> tuple[str, ...]:
+        """Broker settings a SIGHUP may change while running."""
+        return tuple(f.name for f in fields(BrokerSettings) if f.metadata.get("reload"))
+
+    @property
+    def allow_anonymous(self) -> bool:
+        return self.auth.allow_anonymous
+
+    @property
+    def password_file(self) -> str | None:
+        return self.auth.password_file
+
+    @property
+    def acl_file(self) -> str | None:
+        return self.auth.acl_file
+
+    @property
+    def log_level(self) -> str:
+        return self.log.level
+
+    @property
+    def health_interval(self) -> float:
+        return self.gateway.health_interval
+
+    @property
+    def sensors(self) -> SensorSettings:
+        readings = self.readings
+        return SensorSettings(
+            gateway=self.gateway.id,
+            prefix=readings.topic_prefix,
+            plain_payload=readings.payload == "value",
+            qos=readings.qos,
+            retain=readings.retain,
+            serial=self.serial,
+            homeassistant=self.homeassistant.enabled,
+            discovery_prefix=self.homeassistant.discovery_prefix,
+            bluetooth=self.bluetooth,
+            ble=self.ble,
+        )
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
 
     @classmethod
     def from_json(cls, text: str) -> RuntimeConfig:
-        data: dict[str, Any] = json.loads(text)
-        broker = dict(data["broker"])
-        broker["deny_subscriptions"] = tuple(broker["deny_subscriptions"])
-        known = {f.name for f in fields(BrokerSettings)}
-        return cls(
-            listeners=tuple(ListenerSettings(**lc) for lc in data["listeners"]),
-            broker=BrokerSettings(**{k: v for k, v in broker.items() if k in known}),
-            allow_anonymous=data["allow_anonymous"],
-            password_file=data["password_file"],
-            acl_file=data["acl_file"],
-            log_level=data["log_level"],
-            data_dir=data["data_dir"],
-            store=StoreSettings(**data["store"]),
-            sensors=_sensor_settings(data["sensors"]),
-            taps=TapSettings(**data["taps"]),
-            bridges=tuple(_bridge_settings(b) for b in data["bridges"]),
-            health_interval=data["health_interval"],
-            config_path=data["config_path"],
-            override_args=tuple(data["override_args"]),
-            reloadable=tuple(data["reloadable"]),
-        )
+        config = from_data(cls, json.loads(text))
+        assert isinstance(config, RuntimeConfig)
+        return config
 
 
-def _sensor_settings(data: dict[str, Any]) -> SensorSettings:
-    serial = tuple(
-        SerialSettings(
-            **{
-                **s,
-                "fields": {k: FieldSettings(**f) for k, f in s["fields"].items()},
-            }
-        )
-        for s in data["serial"]
-    )
-    return SensorSettings(**{**data, "serial": serial})
+def _field_value(kind: type, f: Field[Any], data: Any) -> Any:
+    """A field's value from JSON; its type hint is evaluated only when the value is
+    a container (plain values need none, and every hint evaluated costs memory)."""
+    if not isinstance(data, dict | list):
+        return data
+    if isinstance(data, list) and not data:
+        return ()
+    hint = f.type
+    if isinstance(hint, str):
+        names = dict(vars(sys.modules[kind.__module__]))
+        if "BridgeSettings" in hint:
+            # Imported only when bridges are configured: it costs memory otherwise.
+            from gateway.bridge.settings import BridgeSettings
+
+            names["BridgeSettings"] = BridgeSettings
+        if "BleDeviceSettings" in hint:
+            # Imported only when BLE devices are configured, like BridgeSettings.
+            from gateway.ble_settings import BleDeviceSettings
+
+            names["BleDeviceSettings"] = BleDeviceSettings
+        hint = eval(hint, names)  # our own annotations, from our own module
+    return from_data(hint, data)
 
 
-def _bridge_settings(data: dict[str, Any]) -> BridgeSettings:
-    return BridgeSettings(
-        **{
-            **data,
-            "addresses": tuple((host, port) for host, port in data["addresses"]),
-            "rules": tuple(RuleSettings(**r) for r in data["rules"]),
-            "tls": TlsSettings(**data["tls"]),
-            "outbox": OutboxSettings(**data["outbox"]),
-        }
-    )
+def from_data(kind: Any, data: Any) -> Any:
+    """``data`` (JSON: dicts and lists) as a value of type ``kind``: settings
+    dataclasses, tuples, dicts and optional values, rebuilt from their type hints."""
+    if data is None:
+        return None
+    if is_dataclass(kind) and isinstance(kind, type):
+        return kind(**{f.name: _field_value(kind, f, data[f.name]) for f in fields(kind)})
+    origin = get_origin(kind)
+    args = get_args(kind)
+    if origin in (Union, UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return from_data(inner[0], data) if len(inner) == 1 else data
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(from_data(args[0], item) for item in data)
+        return tuple(from_data(a, item) for a, item in zip(args, data, strict=True))
+    if origin is dict:
+        # JSON object keys are strings; a dict keyed by numbers gets them back.
+        key = int if args[0] is int else str
+        return {key(k): from_data(args[1], v) for k, v in data.items()}
+    return data
 
 
 def build_authenticator(
@@ -227,6 +364,7 @@ def build_policies(listeners: tuple[ListenerSettings, ...]) -> dict[str, Listene
     acls: dict[str, Acl] = {}
     policies: dict[str, ListenerPolicy] = {}
     for i, listener in enumerate(listeners):
+        assert listener.allow_anonymous is not None, "a listener not resolved against [auth]"
         auth_key = (listener.allow_anonymous, listener.password_file)
         authenticator = authenticators.get(auth_key)
         if authenticator is None:

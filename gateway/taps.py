@@ -136,7 +136,6 @@ class TapPlane:
 
     broker: Broker
     clock: Callable[[], float]
-    kick: Callable[[], None]
     taps: list[Tap]
     queue_size: int = 1000
     stats: TapStats = field(default_factory=TapStats)
@@ -182,9 +181,7 @@ class TapPlane:
 
     def publish(self, topic: str, payload: bytes | str, qos: int, retain: bool) -> int:
         data = payload.encode() if isinstance(payload, str) else payload
-        count = self.client.publish(topic, data, self.clock(), qos=qos, retain=retain)
-        self.kick()
-        return count
+        return self.client.publish(topic, data, self.clock(), qos=qos, retain=retain)
 
     def _sink(self, msg: Message, qos: int, retain: bool, sub_ids: tuple[int, ...]) -> None:
         from gateway.mqtt.topics import matches

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -18,6 +17,7 @@ from gateway.bridge.settings import (
     OutboxSettings,
     RuleSettings,
 )
+from gateway.broker.journal import Op, PutOutbox, RemoveOutbox, SetMeta
 from gateway.config import parse_config
 from gateway.runtime import ConfigError, RuntimeConfig
 
@@ -93,7 +93,7 @@ def test_explain_says_why_and_why_not() -> None:
         (RuleSettings("a/#/b"), "filter: '#' must be the last level"),
         (RuleSettings("$share/g/a"), "shared subscriptions cannot be bridged"),
         (RuleSettings("a", local_prefix="x/+/"), "local_prefix: must not contain wildcards"),
-        (RuleSettings("a", direction="sideways"), "direction"),
+        (RuleSettings("a", direction="sideways"), "direction"),  # type: ignore[arg-type]
     ],
 )
 def test_bad_rules_are_named(rule: RuleSettings, problem: str) -> None:
@@ -113,11 +113,11 @@ def make_outbox(
     max_bytes: int = 10**9,
     memory_bytes: int = 10**9,
     durable: bool = True,
-) -> tuple[Outbox, list[tuple[Any, ...]]]:
-    ops: list[tuple[Any, ...]] = []
+) -> tuple[Outbox, list[Op]]:
+    ops: list[Op] = []
     box = Outbox(
         "cloud",
-        OutboxSettings(max_bytes, max_messages, when_full, memory_bytes),
+        OutboxSettings(max_bytes, max_messages, when_full, memory_bytes),  # type: ignore[arg-type]
         ops.append if durable else None,
     )
     return box, ops
@@ -134,8 +134,8 @@ def test_entries_leave_in_order_and_only_when_acknowledged() -> None:
     box, ops = make_outbox()
     for i in range(1, 6):
         assert box.put(entry(i))
-    assert [op[0] for op in ops] == ["outbox_put"] * 5
-    assert [op[2] for op in ops] == [1, 2, 3, 4, 5]  # contiguous positions
+    assert [type(op) for op in ops] == [PutOutbox] * 5
+    assert [op.pos for op in ops if isinstance(op, PutOutbox)] == [1, 2, 3, 4, 5]  # contiguous
     sent = drain(box)
     assert [e.seq for e in sent] == [1, 2, 3, 4, 5]
     assert all(e.state == INFLIGHT for e in sent)
@@ -144,9 +144,9 @@ def test_entries_leave_in_order_and_only_when_acknowledged() -> None:
     box.acknowledged(sent[2])  # out of order: remembered, not yet removed from disk
     assert ops == [] and box.count == 5
     box.acknowledged(sent[0])
-    assert ops == [("outbox_done", "cloud", 1)]
+    assert ops == [RemoveOutbox("cloud", 1)]
     box.acknowledged(sent[1])
-    assert ops[1:] == [("outbox_done", "cloud", 2), ("outbox_done", "cloud", 3)]
+    assert ops[1:] == [RemoveOutbox("cloud", 2), RemoveOutbox("cloud", 3)]
     assert box.count == 2
     assert box.stats.acknowledged == 3 and box.stats.sent == 5
 
@@ -168,7 +168,7 @@ def test_drop_oldest_makes_room_and_counts() -> None:
         assert box.put(entry(i))
     assert [e.seq for e in box.mem] == [3, 4, 5]
     assert box.stats.dropped_full == 2 and box.count == 3
-    assert ("outbox_done", "cloud", 1) in ops and ("outbox_done", "cloud", 2) in ops
+    assert RemoveOutbox("cloud", 1) in ops and RemoveOutbox("cloud", 2) in ops
 
 
 def test_drop_newest_keeps_the_oldest_and_counts() -> None:
@@ -207,7 +207,7 @@ def test_expired_entries_are_dropped_when_their_turn_comes() -> None:
     sent = drain(box, wall=60.0)
     assert [e.seq for e in sent] == [2]
     assert box.stats.dropped_expired == 1
-    assert ("outbox_done", "cloud", 1) in ops
+    assert RemoveOutbox("cloud", 1) in ops
 
 
 def test_nothing_goes_up_before_its_store_batch_is_committed() -> None:
@@ -229,12 +229,12 @@ def test_beyond_memory_bytes_entries_wait_on_disk_and_are_paged_back() -> None:
         box.put(entry(i))
     assert [e.seq for e in box.mem] == [1, 2, 3]
     assert box.spilled == 7 and box.count == 10
-    rows = {op[2]: op for op in ops if op[0] == "outbox_put"}  # what the store would hold
+    rows = {op.pos: op for op in ops if isinstance(op, PutOutbox)}  # what the store would hold
 
     def read(first: int, count: int) -> list[Entry]:
         return [
             Entry(pos, seq, topic, payload, qos, bool(retain), props, created, expires)
-            for _, _, pos, seq, topic, payload, qos, retain, props, created, expires in (
+            for _, pos, seq, topic, payload, qos, retain, props, created, expires in (
                 rows[p] for p in range(first, first + count) if p in rows
             )
         ]
@@ -262,11 +262,21 @@ def test_paging_skips_rows_dropped_meanwhile_and_waits_for_uncommitted_ones() ->
     (e1, _e2) = drain(box)
     box.acknowledged(e1)
     assert box.refill_request() == (3, 1)  # a page of half the memory budget
-    rows = {op[2]: op for op in ops if op[0] == "outbox_put"}
+    rows = {op.pos: op for op in ops if isinstance(op, PutOutbox)}
 
     def page(*positions: int) -> list[Entry]:
         return [
-            Entry(p, r[3], r[4], r[5], r[6], bool(r[7]), r[8], r[9], r[10])
+            Entry(
+                p,
+                r.seq,
+                r.topic,
+                r.payload,
+                r.qos,
+                bool(r.retain),
+                r.properties,
+                r.created,
+                r.expires,
+            )
             for p, r in ((p, rows[p]) for p in positions)
         ]
 
@@ -313,10 +323,10 @@ def test_memory_only_outbox_never_spills() -> None:
 def test_sequence_numbers_grow_and_reserve_ahead_in_the_store() -> None:
     seq, reserve = Sequence.resume(stored_reserved=0, highest_used=0)
     assert (seq.next, reserve, seq.limit) == (1, 1 + BLOCK, 1 + BLOCK)
-    ops: list[tuple[Any, ...]] = []
+    ops: list[Op] = []
     numbers = [seq.take(1, ops) for _ in range(BLOCK // 2 + 2)]
     assert numbers == list(range(1, BLOCK // 2 + 3))
-    assert ops == [("meta", META_KEY, str(1 + 2 * BLOCK))]
+    assert ops == [SetMeta(META_KEY, str(1 + 2 * BLOCK))]
     assert seq.limit == 1 + BLOCK  # the new block counts only once committed
     seq.commit(1)
     assert seq.limit == 1 + 2 * BLOCK
@@ -363,7 +373,7 @@ def test_bridge_config_becomes_runtime_settings_and_survives_json() -> None:
     runtime = config.to_runtime()
     (bridge,) = runtime.bridges
     assert bridge.addresses == (("broker.example", 8883), ("backup.example", 8883))
-    assert bridge.protocol == 4 and bridge.envelope and bridge.tls.enabled
+    assert bridge.version == 4 and bridge.envelope and bridge.tls.enabled
     assert bridge.outbox.when_full == "refuse" and bridge.outbox.max_bytes == 2048
     assert bridge.rules[0].local_filter == "ledge/gw1/sensors/#"
     assert RuntimeConfig.from_json(runtime.to_json()) == runtime
@@ -435,10 +445,7 @@ def test_upstream_properties_are_the_codecs_bytes_with_the_marks() -> None:
 
     h = Harness()
     settings = BridgeSettings("cloud", (("127.0.0.1", 1),), (RuleSettings("#"),))
-    bridge = Bridge(
-        settings, gateway="gw1", prefix="ledge", broker=h.broker, sequence=Sequence(1),
-        kick=lambda: None,
-    )  # fmt: skip
+    bridge = Bridge(settings, gateway="gw1", prefix="ledge", broker=h.broker, sequence=Sequence(1))
     marks = (("ledge-gateway", "gw1"), ("ledge-seq", "42"))
     plain = Entry(1, 42, "t", b"p", 1, False, b"", 0.0)
     assert bridge._properties(plain, True).pack() == encode_properties(

@@ -6,6 +6,7 @@ import re
 import signal
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -14,14 +15,21 @@ from pydantic import BaseModel
 from gateway import __version__
 from gateway.config import (
     AuthConfig,
+    BleDeviceConfig,
+    BluetoothConfig,
     BridgeConfig,
     BridgeRuleConfig,
     BrokerConfig,
     Config,
     GatewayConfig,
+    GattCharacteristicConfig,
+    GattFieldConfig,
     HomeAssistantConfig,
     ListenerConfig,
     LogConfig,
+    MqttSnConfig,
+    MqttSnSerialConfig,
+    MqttSnUdpConfig,
     ReadingsConfig,
     SerialConfig,
     StoreConfig,
@@ -85,10 +93,17 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("[gateway]", GatewayConfig),
     ("[readings]", ReadingsConfig),
     ("# [[serial]]", SerialConfig),
+    ("[bluetooth]", BluetoothConfig),
+    ("# [[ble]]", BleDeviceConfig),
+    ("# [[ble.characteristics]]", GattCharacteristicConfig),
+    ("# [[ble.characteristics.fields]]", GattFieldConfig),
     ("[homeassistant]", HomeAssistantConfig),
     ("[taps]", TapsConfig),
     ("# [[bridges]]", BridgeConfig),
     ("# [[bridges.rules]]", BridgeRuleConfig),
+    ("[mqttsn]", MqttSnConfig),
+    ("# [[mqttsn.udp]]", MqttSnUdpConfig),
+    ("# [[mqttsn.serial]]", MqttSnSerialConfig),
     ("[auth]", AuthConfig),
     ("[log]", LogConfig),
 ]
@@ -119,6 +134,9 @@ def test_example_config_documents_every_option_and_its_reload(
             "homeassistant",
             "taps",
             "bridges",
+            "bluetooth",
+            "ble",
+            "mqttsn",
         ):
             continue
         m = re.search(rf"^((?:#.*\n)+)#? ?{name} = ", section, re.M)
@@ -127,6 +145,47 @@ def test_example_config_documents_every_option_and_its_reload(
         said = re.findall(r"reload: (yes|no)", comments)
         assert said, f"{name}: no 'reload:' note"
         assert said[-1] == ("yes" if reload else "no"), f"{name}: reload note is wrong"
+
+
+def _section_text(header: str) -> str:
+    text = EXAMPLE.read_text()
+    if not header:
+        return text[: text.index("\n[")]
+    start = text.index("\n" + header + "\n")
+    rest = text[start + len(header) + 2 :]
+    nxt = re.search(r"^\[", rest, re.M)
+    return rest[: nxt.start()] if nxt else rest
+
+
+@pytest.mark.parametrize(("header", "model"), SECTIONS, ids=[s[0] or "top" for s in SECTIONS])
+def test_example_config_shows_every_option_at_its_real_default(
+    header: str, model: type[BaseModel]
+) -> None:
+    """The value the example shows for an option is the default the gateway uses (the
+    settings dataclasses define it; the model is made from them). An option without a
+    fixed default (unset, or the host name) is shown commented out, as an example."""
+    section = _section_text(header)
+    checked = 0
+    for name, info in model.model_fields.items():
+        if isinstance(info.default_factory, type) or (
+            info.annotation is not None and "Config" in str(info.annotation)
+        ):
+            continue  # a table of its own
+        m = re.search(rf"^(# ?)?{name} = (.*)$", section, re.M)
+        assert m, f"{header or 'top level'}: option {name} is not shown"
+        commented, shown = m.group(1) is not None, tomllib.loads(f"v = {m.group(2)}")["v"]
+        if info.is_required():
+            continue  # no default: any example value
+        factory = info.default_factory
+        default = factory() if factory is not None else info.default  # type: ignore[call-arg]
+        if default is None or name == "id":
+            assert commented, f"{name}: has no fixed default but is set in the example"
+            continue
+        if isinstance(default, list | tuple):
+            default, shown = list(default), list(shown)
+        assert shown == default, f"{header or 'top level'}: {name} = {shown!r}, default {default!r}"
+        checked += 1
+    assert checked or header in ("",), "nothing compared"
 
 
 @pytest.mark.parametrize(

@@ -12,10 +12,10 @@ from gateway.broker.auth import (
 )
 from gateway.broker.logins import (
     WAITING_PER_ADDRESS,
-    LoginAttempt,
     LoginThrottle,
     address_key,
 )
+from gateway.broker.state import LoginAttempt
 from gateway.mqtt import (
     MQTT_5,
     MQTT_311,

@@ -74,7 +74,7 @@ def test_denied_filter_refused(version: int, code: int) -> None:
 
 
 def test_denied_filter_reason_can_be_not_authorized() -> None:
-    h = Harness(deny_subscriptions=("x",), deny_subscription_reason=ReasonCode.NOT_AUTHORIZED)
+    h = Harness(deny_subscriptions=("x",), deny_subscription_reason="not_authorized")
     c = h.client()
     c.connect("c")
     assert c.subscribe("x").reason_codes == (ReasonCode.NOT_AUTHORIZED,)

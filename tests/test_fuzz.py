@@ -11,12 +11,13 @@ import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fuzz.targets import TARGETS, fuzz_codec, fuzz_session, fuzz_websocket
+from fuzz.targets import TARGETS, fuzz_codec, fuzz_fastpath, fuzz_session, fuzz_websocket
 
 REPO = Path(__file__).resolve().parents[1]
 VECTORS = sorted((REPO / "tests" / "vectors" / "fuzz").glob("*.bin"))
@@ -41,6 +42,27 @@ def test_codec_target_holds_on_arbitrary_bytes(data: bytes) -> None:
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=512))
+def test_fastpath_target_holds_on_arbitrary_bytes(data: bytes) -> None:
+    fuzz_fastpath(data)
+
+
+def test_fastpath_target_can_fail(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The comparison is live: a peek that reads the packet identifier wrong is caught."""
+    from fuzz import targets
+    from gateway.mqtt.fastpath import peek_publish
+
+    def off_by_one(*args: Any) -> tuple[str, int, int, int] | None:
+        peeked = peek_publish(*args)
+        return None if peeked is None else (peeked[0], peeked[1], peeked[2] + 1, peeked[3])
+
+    monkeypatch.setattr(targets, "peek_publish", off_by_one)
+    # MQTT 3.1.1 QoS 1 PUBLISH on "a", packet id 1, payload "x".
+    with pytest.raises(AssertionError, match="peek"):
+        fuzz_fastpath(bytes([0, 0x02, 0, 6, 0, 1, 0x61, 0, 1, 0x78]))
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(min_size=1, max_size=1024))
 def test_session_target_holds_on_arbitrary_programs(data: bytes) -> None:
     fuzz_session(data)
@@ -60,8 +82,8 @@ def test_session_target_can_fail() -> None:
 
     def leaky(self: core.Broker, conn: object, now: float) -> None:
         original(self, conn, now)  # type: ignore[arg-type]
-        if self._free:
-            self._free.pop()
+        if self.free:
+            self.free.pop()
 
     core.Broker.connection_lost = leaky  # type: ignore[method-assign]
     try:

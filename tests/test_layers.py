@@ -1,8 +1,10 @@
-"""The import direction between layers (DESIGN.md): pure layers stay pure.
+"""The import direction between layers (DESIGN.md): pure layers stay pure, and no
+modules import each other in a circle.
 
 Walks every module's imports (with ``ast``, without importing anything) and fails
 when a pure layer imports I/O or clock modules, a third-party package, or a layer
-to its right.
+to its right, or when the import graph of ``gateway/`` has a circle -- counting every
+import, also those inside functions and under ``TYPE_CHECKING``.
 """
 
 from __future__ import annotations
@@ -19,12 +21,13 @@ REPO = Path(__file__).resolve().parents[1]
 ORDER = [
     "gateway.mqtt",
     "gateway.broker",
+    "gateway.mqttsn",
     "gateway.store",
     "gateway.net",
     "gateway.bridge",
     "gateway.app",
 ]
-PURE = {"gateway.mqtt", "gateway.broker"}
+PURE = {"gateway.mqtt", "gateway.broker", "gateway.mqttsn"}
 IMPURE_MODULES = {"asyncio", "socket", "time", "selectors", "ssl", "threading", "subprocess"}
 
 
@@ -95,13 +98,17 @@ def test_no_layer_imports_to_its_right(layer: str) -> None:
 PURE_DRIVERS = [
     "drivers/envelope.py",
     "drivers/parsers",
+    "drivers/ble/tracker.py",
+    "drivers/ble/policy.py",
+    "drivers/ble/watchdog.py",
     "drivers/lines.py",
     "drivers/mapping.py",
     "drivers/model.py",
     "drivers/homeassistant.py",
 ]
-#: The one third-party package a pure driver module may use (for the Reading contract).
-DRIVER_THIRD_PARTY = {"pydantic"}
+#: The third-party packages a pure driver module may use: pydantic for the Reading
+#: contract, cryptography for AES-CCM (encrypted BLE adverts; computation, no I/O).
+DRIVER_THIRD_PARTY = {"pydantic", "cryptography"}
 
 
 def test_drivers_never_import_the_gateway() -> None:
@@ -162,6 +169,113 @@ def test_the_bridges_decisions_are_pure(name: str) -> None:
         elif top not in sys.stdlib_module_names and top != "__future__":
             problems.append(f"imports third-party {module}")
     assert not problems, "\n".join(problems)
+
+
+#: The MQTT-SN codec: bytes only, nothing of the broker (the MicroPython client mirrors it).
+MQTTSN_CODEC = ["packets.py", "codec.py", "uart.py"]
+
+
+@pytest.mark.parametrize("name", MQTTSN_CODEC)
+def test_the_mqttsn_codec_imports_only_the_standard_library(name: str) -> None:
+    problems = []
+    for module in imports(REPO / "gateway/mqttsn" / name):
+        top = module.split(".")[0]
+        if top in IMPURE_MODULES or top == "logging":
+            problems.append(f"imports {module} (I/O, clock or logging in the codec)")
+        elif top == "gateway" and not module.startswith("gateway.mqttsn."):
+            problems.append(f"imports {module}")
+        elif top not in sys.stdlib_module_names and top not in ("__future__", "gateway"):
+            problems.append(f"imports third-party {module}")
+    assert not problems, "\n".join(problems)
+
+
+def module_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """Module -> the modules of ``package`` it imports (``from pkg import mod`` counts
+    as importing ``pkg.mod``), for every ``.py`` file under ``root / package``."""
+    modules: dict[str, Path] = {}
+    for path in sorted((root / package.replace(".", "/")).rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names if a.name in modules)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = here.split(".")[: len(here.split(".")) - node.level + 1]
+                    module = ".".join([*base, node.module] if node.module else base)
+                else:
+                    module = node.module or ""
+                for alias in node.names:
+                    if f"{module}.{alias.name}" in modules:
+                        found.add(f"{module}.{alias.name}")
+                    elif module in modules:
+                        found.add(module)
+        found.discard(name)
+        graph[name] = found
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+@pytest.mark.parametrize("package", ["gateway", "drivers"])
+def test_no_modules_import_each_other_in_a_circle(package: str) -> None:
+    graph = module_graph(REPO, package)
+    assert len(graph) > 10
+    found = circles(graph)
+    assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_the_circle_finder_sees_a_circle_through_a_type_checking_import(tmp_path: Path) -> None:
+    """Planted: a <- b <- c <- a, the last edge only under TYPE_CHECKING, plus a module
+    outside the circle."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg.b import x\n")
+    (pkg / "b.py").write_text("from pkg import c\nx = 1\n")
+    (pkg / "c.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import y\n"
+    )
+    (pkg / "d.py").write_text("from . import a\n")
+    graph = module_graph(tmp_path, "pkg")
+    assert circles(graph) == [["pkg.a", "pkg.b", "pkg.c"]]
 
 
 def test_the_checker_sees_a_violation(tmp_path: Path) -> None:

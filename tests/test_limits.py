@@ -27,7 +27,7 @@ from tests.support.wait import wait_for
 
 def test_slots_are_preallocated_and_returned_to_the_pool() -> None:
     h = Harness(max_connections=3)
-    free = h.broker._free
+    free = h.broker.free
     assert len(free) == 3
     slots = {id(s) for s in free}
     clients = [h.client() for _ in range(3)]

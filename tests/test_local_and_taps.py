@@ -141,7 +141,6 @@ def test_tap_plane_runs_handlers_with_captures_and_survives_errors() -> None:
         plane = taps.TapPlane(
             h.broker,
             lambda: h.now,
-            lambda: None,
             [
                 taps.Tap(
                     "sensors/{device}/temperature",
@@ -178,7 +177,6 @@ def test_tap_queue_is_bounded_and_overflow_is_counted() -> None:
         plane = taps.TapPlane(
             h.broker,
             lambda: h.now,
-            lambda: None,
             [taps.Tap("t", slow, 0, *taps.compile_pattern("t"))],
             queue_size=5,
         )

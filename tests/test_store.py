@@ -16,7 +16,14 @@ from typing import Any
 import pytest
 
 from gateway.broker.core import Broker
-from gateway.broker.journal import Journal
+from gateway.broker.journal import (
+    AddEntry,
+    ForgetMessage,
+    Journal,
+    Op,
+    RemoveEntry,
+    StoreMessage,
+)
 from gateway.mqtt import (
     MQTT_5,
     MQTT_311,
@@ -435,7 +442,7 @@ def test_journal_counts_message_references() -> None:
     """A message stored for two sessions leaves the store with the last of them."""
     h = Harness()
     h.broker.journal = Journal()
-    ops: list[tuple[object, ...]] = []
+    ops: list[Op] = []
 
     def commit() -> None:  # as if the store committed each batch at once
         batch = h.broker.seal_batch()
@@ -453,9 +460,9 @@ def test_journal_counts_message_references() -> None:
     pub.connect("p")
     pub.send(Publish("t", b"m", 1, packet_id=1))
     commit()
-    names = [op[0] for op in ops]
-    assert names.count("message") == 1
-    assert names.count("entry") == 2
+    kinds = [type(op) for op in ops]
+    assert kinds.count(StoreMessage) == 1
+    assert kinds.count(AddEntry) == 2
     ops.clear()
     for name in ("a", "b"):
         back = h.client()
@@ -464,6 +471,6 @@ def test_journal_counts_message_references() -> None:
         [msg] = back.publishes()
         back.send(PubAck(msg.packet_id))
         commit()
-    names = [op[0] for op in ops]
-    assert names.count("entry_done") == 2
-    assert names.count("message_gone") == 1
+    kinds = [type(op) for op in ops]
+    assert kinds.count(RemoveEntry) == 2
+    assert kinds.count(ForgetMessage) == 1

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.broker.router import SubscriptionIndex
-from gateway.broker.session import Session, Subscription
+from gateway.broker.state import Session, Subscription
 from gateway.broker.subtree import SubTree
 from gateway.mqtt.topics import filter_error, matches, subsumes
 

@@ -36,7 +36,6 @@ import random
 import ssl
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -58,19 +57,22 @@ from gateway.bridge.rules import map_in, map_out
 from gateway.bridge.sequence import Sequence
 from gateway.bridge.settings import REFUSE, BridgeSettings
 from gateway.broker.core import Broker
+from gateway.broker.journal import Op, RemoveOutbox
 from gateway.broker.local import LocalClient
 from gateway.broker.message import Message
 from gateway.mqtt.properties import (
     EMPTY,
     Properties,
-    PropertyId,
     Where,
     decode_properties,
     encode_properties,
+    property_block,
+    user_property,
 )
-from gateway.mqtt.wire import encode_string, encode_varint
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from gateway.store.sqlite import Store
 
 log = logging.getLogger("ledge.bridge")
@@ -151,7 +153,6 @@ class Bridge:
         prefix: str,
         broker: Broker,
         sequence: Sequence,
-        kick: Callable[[], None],
         store: Store | None = None,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -163,7 +164,6 @@ class Bridge:
         self.gateway = gateway
         self.broker = broker
         self.sequence = sequence
-        self.kick = kick
         self.store = store
         self.client_id = settings.client_id or f"ledge-{gateway}-{settings.name}"
         self.local = LocalClient(broker, f"ledge-bridge-{settings.name}", self._sink)
@@ -177,26 +177,25 @@ class Bridge:
         self.remote_receive_maximum = 65_535
         self.window = settings.max_inflight
         self.inflight = 0
-        self.echo = EchoFilter() if settings.protocol == 4 and not settings.envelope else None
+        self.echo = EchoFilter() if settings.version == 4 and not settings.envelope else None
         self._bypass: list[Entry] = []
         self._wake = asyncio.Event()
         self._slot = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        #: Reads of the outbox from the store in progress (kept: the loop holds only
+        #: weak references to tasks).
+        self._loads: set[asyncio.Task[None]] = set()
         self._stopping = False
         self._pending: dict[int, Entry | None] = {}
         self._client: _Client | None = None
         self._status_topic: str | None = None
         self._next_send = 0.0
         self._connected_at: float | None = None
-        self._kick_scheduled = False
-        self._done_ops: list[tuple[Any, ...]] = []
+        self._wake_scheduled = False
+        self._done_ops: list[Op] = []
         self._done_timer: asyncio.TimerHandle | None = None
-        #: The marks, encoded, up to the sequence number's text.
-        self._mark_prefix = (
-            _user_property(GATEWAY_PROPERTY, gateway)
-            + bytes([PropertyId.USER_PROPERTY])
-            + encode_string(SEQUENCE_PROPERTY)
-        )
+        #: The first mark (this gateway's id), encoded.
+        self._mark_prefix = user_property(GATEWAY_PROPERTY, gateway)
         self._mqtt_log = logging.getLogger(f"ledge.bridge.{settings.name}")
         self._repeats = _Repeats()
         self._mqtt_log.addFilter(self._repeats)
@@ -234,6 +233,9 @@ class Bridge:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        for task in list(self._loads):
+            task.cancel()
+        await asyncio.gather(*self._loads, return_exceptions=True)
         if self._done_timer is not None:
             self._done_timer.cancel()
         self._flush_done()
@@ -253,10 +255,10 @@ class Bridge:
 
     # ------------------------------------------------------------------ local side
 
-    def _emit(self, op: tuple[Any, ...]) -> None:
+    def _emit(self, op: Op) -> None:
         journal = self.broker.journal
         assert journal is not None
-        if op[0] != "outbox_done":
+        if not isinstance(op, RemoveOutbox):
             journal.ops.append(op)
             return
         # Removals wait a little and go in groups: far fewer commits (and fsyncs)
@@ -271,7 +273,7 @@ class Bridge:
         if self._done_ops and journal is not None:
             journal.ops.extend(self._done_ops)
             self._done_ops.clear()
-            self.kick()
+            self.broker.wake()  # the shell seals them into a store batch
 
     def _gate(self, topic: str, size: int) -> str | None:
         """Policy ``refuse``: a QoS 1/2 publisher is told no while the outbox is full."""
@@ -412,10 +414,10 @@ class Bridge:
             username=settings.username,
             password=settings.password,
             protocol=aiomqtt.ProtocolVersion.V5
-            if settings.protocol == 5
+            if settings.version == 5
             else aiomqtt.ProtocolVersion.V311,
-            clean_session=settings.clean_start if settings.protocol == 4 else None,
-            clean_start=settings.clean_start if settings.protocol == 5 else 3,
+            clean_session=settings.clean_start if settings.version == 4 else None,
+            clean_start=settings.clean_start if settings.version == 5 else 3,
             keepalive=settings.keepalive,
             tls_context=_tls_context(settings) if settings.tls.enabled else None,
             tls_insecure=settings.tls.insecure if settings.tls.enabled else None,
@@ -437,7 +439,7 @@ class Bridge:
             for rule in settings.rules:
                 if not rule.inbound:
                     continue
-                if settings.protocol == 5:
+                if settings.version == 5:
                     await client.subscribe(
                         rule.remote_filter,
                         options=SubscribeOptions(
@@ -489,7 +491,7 @@ class Bridge:
             entry = outbox.next_ready(self.wall())
             if entry is None:
                 self._wake.clear()
-                self.kick()  # store what the outbox changed (expired entries)
+                self.broker.wake()  # store what the outbox changed (expired entries)
                 await self._wake.wait()
                 continue
             if rate > 0:
@@ -507,7 +509,7 @@ class Bridge:
         if self.settings.envelope:
             payload = envelope(mark[0] if mark else self.gateway, entry.seq, payload)
         properties = None
-        if self.settings.protocol == 5:
+        if self.settings.version == 5:
             properties = self._properties(entry, mark is None)
         if self.echo is not None:
             self.echo.sent(entry.topic, payload, time.monotonic())
@@ -526,8 +528,10 @@ class Bridge:
         """The MQTT 5 properties to send ``entry`` with: what its publisher gave (user
         properties, content type...), the remaining expiry, and the upstream marks."""
         if not entry.properties and entry.expires is None:  # the common case, by hand
-            marks = self._mark_prefix + encode_string(str(entry.seq)) if add_mark else b""
-            return _Packed(encode_varint(len(marks)) + marks)
+            if not add_mark:
+                return _Packed(property_block(b""))
+            seq = user_property(SEQUENCE_PROPERTY, str(entry.seq))
+            return _Packed(property_block(self._mark_prefix + seq))
         props = EMPTY
         if entry.properties:
             props, _ = decode_properties(entry.properties, 0, len(entry.properties), Where.PUBLISH)
@@ -562,17 +566,17 @@ class Bridge:
                 reason_code,
             )
         self.outbox.acknowledged(entry)
-        self._kick_soon()
+        self._wake_soon()
 
-    def _kick_soon(self) -> None:
-        """Let the shell seal and write what changed, once per loop iteration."""
-        if not self._kick_scheduled:
-            self._kick_scheduled = True
-            asyncio.get_running_loop().call_soon(self._kicked)
+    def _wake_soon(self) -> None:
+        """Let the shell seal what the outbox changed, once per loop iteration."""
+        if not self._wake_scheduled:
+            self._wake_scheduled = True
+            asyncio.get_running_loop().call_soon(self._woken)
 
-    def _kicked(self) -> None:
-        self._kick_scheduled = False
-        self.kick()
+    def _woken(self) -> None:
+        self._wake_scheduled = False
+        self.broker.wake()
 
     def _refill(self) -> None:
         request = self.outbox.refill_request()
@@ -604,7 +608,9 @@ class Bridge:
                 self.outbox.refilled(rows)
             self._wake.set()
 
-        asyncio.get_running_loop().create_task(load())
+        task = asyncio.get_running_loop().create_task(load(), name=f"bridge {self.name} outbox")
+        self._loads.add(task)
+        task.add_done_callback(self._loads.discard)
 
     # ------------------------------------------------------------------ down
 
@@ -661,7 +667,6 @@ class Bridge:
             retain=mapped.retain,
             properties=props,
         )
-        self._kick_soon()
 
     # ------------------------------------------------------------------ reporting
 
@@ -673,7 +678,6 @@ class Bridge:
             self.broker_now(),
             retain=True,
         )
-        self.kick()
 
     def sys_values(self) -> dict[str, str]:
         o = self.outbox
@@ -746,10 +750,6 @@ class _Packed:
         return repr(props)
 
 
-def _user_property(key: str, value: str) -> bytes:
-    return bytes([PropertyId.USER_PROPERTY]) + encode_string(key) + encode_string(value)
-
-
 def _our_properties(paho_props: Any) -> Properties:
     """paho's PUBLISH properties as ours (what is worth passing on locally)."""
     if paho_props is None:
@@ -772,7 +772,7 @@ def _our_properties(paho_props: Any) -> Properties:
 
 
 def _connect_properties(settings: BridgeSettings) -> PahoProperties | None:
-    if settings.protocol != 5:
+    if settings.version != 5:
         return None
     props = PahoProperties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
     props.SessionExpiryInterval = settings.session_expiry
@@ -800,7 +800,13 @@ def _describe(exc: BaseException) -> str:
 
 class _Client(aiomqtt.Client):
     """aiomqtt's client, also reporting the remote's CONNACK properties and every
-    publish acknowledgement with its reason code (aiomqtt keeps both to itself)."""
+    publish acknowledgement with its reason code (aiomqtt keeps both to itself).
+
+    These are overrides of aiomqtt's private paho callbacks because aiomqtt (2.x) has
+    no public hook for either: its publish() awaits the acknowledgement but drops the
+    reason code, and CONNACK properties are not exposed. The bridge pins the aiomqtt
+    version range in pyproject.toml, and tests/test_bridge.py runs these paths
+    against a real Mosquitto."""
 
     def __init__(self, bridge: Bridge, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -20,9 +20,10 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 from gateway.bridge.settings import DROP_OLDEST, OutboxSettings
+from gateway.broker.journal import Op, PutOutbox, RemoveOutbox
 from gateway.store.settings import OUTBOX_ENTRY_OVERHEAD
 
 PENDING: Final = 0
@@ -32,8 +33,6 @@ DONE: Final = 2
 #: Read the next page from disk when fewer than this many entries wait in memory.
 REFILL_BELOW: Final = 512
 PAGE: Final = 2048
-
-Op = tuple[Any, ...]
 
 
 @dataclass(slots=True, eq=False)
@@ -166,8 +165,7 @@ class Outbox:
         self.stats.queued += 1
         if self.emit is not None:
             self.emit(
-                (
-                    "outbox_put",
+                PutOutbox(
                     self.name,
                     entry.pos,
                     entry.seq,
@@ -214,7 +212,7 @@ class Outbox:
         self.count -= 1
         self.bytes -= size
         if self.emit is not None:
-            self.emit(("outbox_done", self.name, pos))
+            self.emit(RemoveOutbox(self.name, pos))
 
     def _pop_spill(self) -> None:
         self._spill_start += 1

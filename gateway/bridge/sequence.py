@@ -11,7 +11,9 @@ and fewer than a million are used per second on average.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
+
+from gateway.broker.journal import Op, SetMeta
 
 #: Sequence numbers reserved per store write.
 BLOCK: Final = 1_000_000
@@ -39,18 +41,18 @@ class Sequence:
         start = max(stored_reserved, highest_used + 1, 1)
         return cls(start, start + BLOCK), start + BLOCK
 
-    def take(self, batch: int, ops: list[tuple[Any, ...]] | None) -> int:
+    def take(self, batch: int, ops: list[Op] | None) -> int:
         """The next number; when half the block is used, the next reservation goes into
         ``ops`` (the store batch ``batch``)."""
         n = self.next
         self.next = n + 1
         if ops is not None and self.reserved - self.next < BLOCK // 2:
             self.reserved += BLOCK
-            ops.append(("meta", META_KEY, str(self.reserved)))
+            ops.append(SetMeta(META_KEY, str(self.reserved)))
             self._pending.append((batch, self.reserved))
         return n
 
-    def for_message(self, message: object, batch: int, ops: list[tuple[Any, ...]] | None) -> int:
+    def for_message(self, message: object, batch: int, ops: list[Op] | None) -> int:
         """The number of ``message``: bridges handed the same message in turn share it,
         so consumers behind two bridges deduplicate it too."""
         last = self._last

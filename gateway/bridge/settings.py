@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Final
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from gateway.broker.settings import NEVER_EXPIRES, option
 
 #: Outbox policies when it is full.
 DROP_OLDEST: Final = "drop-oldest"
@@ -13,14 +15,14 @@ REFUSE: Final = "refuse"
 
 @dataclass(frozen=True, slots=True)
 class TlsSettings:
-    enabled: bool = False
+    enabled: bool = option(False)
     #: CA bundle to verify the remote with; None: the operating system's trust store.
-    ca_file: str | None = None
+    ca_file: str | None = option(None)
     #: Client certificate and key for mutual TLS (AWS IoT Core, Azure IoT Hub).
-    cert_file: str | None = None
-    key_file: str | None = None
+    cert_file: str | None = option(None)
+    key_file: str | None = option(None)
     #: Skip verifying the remote's host name (never in production).
-    insecure: bool = False
+    insecure: bool = option(False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,12 +33,13 @@ class RuleSettings:
     ``remote_prefix + filter`` (so prefixes add, replace or strip a leading part).
     """
 
-    filter: str
-    direction: str = "out"  # "out", "in" or "both"
-    qos: int = 1  # cap
-    local_prefix: str = ""
-    remote_prefix: str = ""
-    retain: str = "keep"  # "keep" or "strip"
+    filter: str = option(min_length=1)
+    direction: Literal["out", "in", "both"] = option("out")
+    #: The highest QoS used across the bridge (a cap).
+    qos: int = option(1, ge=0, le=2)
+    local_prefix: str = option("")
+    remote_prefix: str = option("")
+    retain: Literal["keep", "strip"] = option("keep")
 
     @property
     def outbound(self) -> bool:
@@ -57,38 +60,47 @@ class RuleSettings:
 
 @dataclass(frozen=True, slots=True)
 class OutboxSettings:
-    max_bytes: int = 64 * 1024 * 1024
-    max_messages: int = 500_000
-    when_full: str = DROP_OLDEST
+    max_bytes: int = option(64 * 1024 * 1024, ge=1024)
+    max_messages: int = option(500_000, ge=1)
+    when_full: Literal["drop-oldest", "drop-newest", "refuse"] = option(DROP_OLDEST)
     #: Outbox bytes kept in memory; the rest waits on disk (with a data_dir) and is read
     #: back in pages as the uplink drains it.
-    memory_bytes: int = 4 * 1024 * 1024
+    memory_bytes: int = option(4 * 1024 * 1024, ge=64 * 1024)
 
 
 @dataclass(frozen=True, slots=True)
 class BridgeSettings:
-    name: str
-    addresses: tuple[tuple[str, int], ...]
-    rules: tuple[RuleSettings, ...]
-    protocol: int = 5  # 4 (MQTT 3.1.1) or 5
-    client_id: str = ""  # empty: ledge-<gateway>-<name>
-    username: str | None = None
-    password: str | None = None
-    tls: TlsSettings = field(default_factory=TlsSettings)
-    keepalive: int = 60
-    clean_start: bool = False
-    session_expiry: int = 3600
-    outbox: OutboxSettings = field(default_factory=OutboxSettings)
+    name: str = option(min_length=1)
+    #: The remote brokers, tried in turn: made from the file's ``address`` and
+    #: ``addresses`` (``host[:port]``) by the validator.
+    addresses: tuple[tuple[str, int], ...] = option(internal=True)
+    rules: tuple[RuleSettings, ...] = option(min_length=1)
+    #: "5.0" or "3.1.1".
+    protocol: Literal["5.0", "3.1.1"] = option("5.0")
+    #: Empty: ledge-<gateway>-<name>.
+    client_id: str = option("", max_length=65535)
+    username: str | None = option(None)
+    password: str | None = option(None)
+    tls: TlsSettings = option(factory=TlsSettings)
+    keepalive: int = option(60, ge=0, le=65535)
+    clean_start: bool = option(False)
+    session_expiry: int = option(3600, ge=0, le=NEVER_EXPIRES)
+    outbox: OutboxSettings = option(factory=OutboxSettings)
     #: "outbox" (QoS 0 is kept like the rest) or "bypass" (sent only while connected).
-    qos0: str = "outbox"
+    qos0: Literal["outbox", "bypass"] = option("outbox")
     #: QoS 1/2 messages unacknowledged upstream at once (also capped by the remote's
     #: Receive Maximum).
-    max_inflight: int = 100
+    max_inflight: int = option(100, ge=1, le=65535)
     #: Messages per second upstream; 0: as fast as the remote takes them.
-    rate_limit: float = 0.0
+    rate_limit: float = option(0.0, ge=0)
     #: Wrap payloads in a JSON envelope carrying gateway id and sequence number (for
     #: MQTT 3.1.1 remotes, which have no user properties).
-    envelope: bool = False
-    reconnect_min: float = 1.0
-    reconnect_max: float = 60.0
-    connect_timeout: float = 10.0
+    envelope: bool = option(False)
+    reconnect_min: float = option(1.0, gt=0)
+    reconnect_max: float = option(60.0, gt=0)
+    connect_timeout: float = option(10.0, gt=0)
+
+    @property
+    def version(self) -> int:
+        """The protocol level: 5 (MQTT 5.0) or 4 (MQTT 3.1.1)."""
+        return 5 if self.protocol == "5.0" else 4

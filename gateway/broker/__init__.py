@@ -7,11 +7,10 @@ connections for the shell to write.
 from __future__ import annotations
 
 from gateway.broker.auth import Authenticator, PasswordAuthenticator
-from gateway.broker.connection import Connection, State
 from gateway.broker.core import Broker
 from gateway.broker.message import Message
-from gateway.broker.session import Session, Subscription
 from gateway.broker.settings import NEVER_EXPIRES, BrokerSettings
+from gateway.broker.state import Connection, Session, State, Subscription
 from gateway.broker.subtree import SubTree
 
 __all__ = [

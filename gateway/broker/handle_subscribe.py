@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
-from gateway.broker.connection import Connection
-from gateway.broker.session import Session, Subscription
+from gateway.broker.context import Context
+from gateway.broker.delivery import deliver
+from gateway.broker.output import send
+from gateway.broker.state import Connection, Session, Subscription
+from gateway.mqtt.errors import MQTTError, ProtocolError
 from gateway.mqtt.packets import (
     MQTT_5,
     SubAck,
@@ -18,69 +20,52 @@ from gateway.mqtt.packets import (
 from gateway.mqtt.reason_codes import ReasonCode
 from gateway.mqtt.topics import filter_error, has_wildcard, parse_shared, subsumes
 
-if TYPE_CHECKING:
-    from gateway.broker.core import Broker
-
 log = logging.getLogger("ledge.broker")
 
 
-class _Violation(Exception):
-    def __init__(self, code: int, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
-        self.reason = reason
-
-
-def handle_subscribe(broker: Broker, conn: Connection, packet: Subscribe, now: float) -> None:
-    settings = broker.settings
+def handle_subscribe(ctx: Context, conn: Connection, packet: Subscribe, now: float) -> None:
+    settings = ctx.settings
     session = conn.session
     assert session is not None
     sub_id: int | None = None
     if packet.properties.subscription_identifiers:
         if not settings.subscription_identifiers:
-            broker.fail(
-                conn,
-                ReasonCode.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED,
+            raise MQTTError(
                 "subscription identifiers are disabled",
-                now,
+                ReasonCode.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED,
             )
-            return
         sub_id = packet.properties.subscription_identifiers[0]
     codes: list[int] = []
     added: list[tuple[Subscription, bool]] = []
-    try:
-        for request in packet.subscriptions:
-            code, sub, is_new = _subscribe_one(broker, conn, session, request, sub_id)
-            if conn.version != MQTT_5 and code >= 0x80:
-                code = ReasonCode.UNSPECIFIED_ERROR  # 3.1.1 knows one failure code: 0x80
-            codes.append(code)
-            if sub is not None:
-                added.append((sub, is_new))
-    except _Violation as violation:
-        broker.fail(conn, violation.code, violation.reason, now)
-        return
-    journal = broker.journal
+    for request in packet.subscriptions:
+        code, sub, is_new = _subscribe_one(ctx, conn, session, request, sub_id)
+        if conn.version != MQTT_5 and code >= 0x80:
+            code = ReasonCode.UNSPECIFIED_ERROR  # 3.1.1 knows one failure code: 0x80
+        codes.append(code)
+        if sub is not None:
+            added.append((sub, is_new))
+    journal = ctx.journal
     if journal is not None and session.persisted and added:
         for sub, _is_new in added:
             journal.subscribe(session, sub)
         journal.hold(conn)  # SUBACK once the subscriptions are stored
-    broker.send(conn, SubAck(packet.packet_id, tuple(codes)))
+    send(ctx, conn, SubAck(packet.packet_id, tuple(codes)))
     for sub, is_new in added:
         if sub.share_name is not None:
             continue  # no retained messages for shared subscriptions (MQTT 5.0 4.8.2)
         if sub.retain_handling == 2 or (sub.retain_handling == 1 and not is_new):
             continue  # MQTT-3.3.1-10, -11
-        _send_retained(broker, session, sub, now)
+        _send_retained(ctx, session, sub, now)
 
 
 def _subscribe_one(
-    broker: Broker,
+    ctx: Context,
     conn: Connection,
     session: Session,
     request: SubscriptionRequest,
     sub_id: int | None,
 ) -> tuple[int, Subscription | None, bool]:
-    settings = broker.settings
+    settings = ctx.settings
     raw = request.topic_filter
     try:
         shared = parse_shared(raw)
@@ -93,7 +78,7 @@ def _subscribe_one(
             return ReasonCode.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED, None, False
         if request.no_local:
             # MQTT-3.8.3-4
-            raise _Violation(ReasonCode.PROTOCOL_ERROR, "No Local on a shared subscription")
+            raise ProtocolError("No Local on a shared subscription")
     else:
         share_name, topic_filter = None, raw
         error = filter_error(topic_filter)
@@ -105,7 +90,7 @@ def _subscribe_one(
     denied = next((d for d in settings.deny_subscriptions if subsumes(d, topic_filter)), None)
     if denied is not None:
         log.info("refusing subscription %r of %s: denied by %r", raw, conn.label, denied)
-        return settings.deny_subscription_reason, None, False
+        return settings.deny_subscription_code, None, False
     rules = conn.rules
     if rules is not None and not rules.can_subscribe(topic_filter):
         log.info("refusing subscription %r of %s: not authorized by the ACL", raw, conn.label)
@@ -131,36 +116,36 @@ def _subscribe_one(
     )
     old = session.subscriptions.get(raw)
     if old is not None:
-        broker.index.remove(session, old)  # MQTT-3.8.4-3: replaced, not added
+        ctx.index.remove(session, old)  # MQTT-3.8.4-3: replaced, not added
     session.subscriptions[raw] = sub
-    broker.index.add(session, sub)
+    ctx.index.add(session, sub)
     return granted, sub, is_new
 
 
-def _send_retained(broker: Broker, session: Session, sub: Subscription, now: float) -> None:
+def _send_retained(ctx: Context, session: Session, sub: Subscription, now: float) -> None:
     ids = (sub.identifier,) if sub.identifier else ()
     rules = session.rules
-    for msg in broker.retained.matching(sub.topic_filter, now):
+    for msg in ctx.retained.matching(sub.topic_filter, now):
         if sub.no_local and msg.origin == session.client_id:
             continue
         if rules is not None and not rules.can_read(msg.topic):
             continue  # the ACL: a retained message is delivered like any other
         qos = sub.qos if sub.qos < msg.qos else msg.qos
         # MQTT-3.3.1-9: RETAIN is 1 when sent because of a new subscription.
-        broker.deliver(session, msg, qos, True, ids, None, now)
+        deliver(ctx, session, msg, qos, True, ids, None, now)
 
 
-def handle_unsubscribe(broker: Broker, conn: Connection, packet: Unsubscribe, now: float) -> None:
+def handle_unsubscribe(ctx: Context, conn: Connection, packet: Unsubscribe, now: float) -> None:
     session = conn.session
     assert session is not None
     codes: list[int] = []
     for raw in packet.topic_filters:
         sub = session.subscriptions.pop(raw, None)
         if sub is not None:
-            broker.index.remove(session, sub)
-            if broker.journal is not None and session.persisted:
-                broker.journal.unsubscribe(session, raw)
-                broker.journal.hold(conn)
+            ctx.index.remove(session, sub)
+            if ctx.journal is not None and session.persisted:
+                ctx.journal.unsubscribe(session, raw)
+                ctx.journal.hold(conn)
             codes.append(ReasonCode.SUCCESS)
         else:
             invalid = False
@@ -172,4 +157,4 @@ def handle_unsubscribe(broker: Broker, conn: Connection, packet: Unsubscribe, no
             codes.append(
                 ReasonCode.TOPIC_FILTER_INVALID if invalid else ReasonCode.NO_SUBSCRIPTION_EXISTED
             )
-    broker.send(conn, UnsubAck(packet.packet_id, tuple(codes) if conn.version == MQTT_5 else ()))
+    send(ctx, conn, UnsubAck(packet.packet_id, tuple(codes) if conn.version == MQTT_5 else ()))

@@ -3,7 +3,8 @@
 When the broker runs with a store, every change to a persistent session (one
 with a Session Expiry Interval above zero, or a 3.1.1 clean-session-0 session),
 to its subscriptions and QoS 1/2 messages, and to retained messages is appended
-here as a plain tuple. The shell seals the operations into numbered batches; the
+here as a typed operation (a named tuple of plain values, in the order of the
+store's columns). The shell seals the operations into numbered batches; the
 store commits them in order and reports back.
 
 Acknowledged means durable: output that depends on a change -- the PUBACK or
@@ -15,17 +16,178 @@ connection queues behind it, so the order a client sees never changes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, NamedTuple
 
-from gateway.broker.session import Outgoing, Session, Subscription
+from gateway.broker.state import Outgoing, Session, Subscription
+from gateway.mqtt.packets import Will
 from gateway.mqtt.properties import encode_properties
 
 if TYPE_CHECKING:
-    from gateway.broker.connection import Connection
     from gateway.broker.message import Message
+    from gateway.broker.state import Connection
 
-#: One operation: its name first, then plain values (see gateway.store.sqlite).
-Op = tuple[Any, ...]
+
+# ----------------------------------------------------------------- the operations
+
+
+class SaveSession(NamedTuple):
+    """A session created, resumed, disconnected, or its delayed will changed."""
+
+    client_id: str
+    expiry_interval: int
+    expires_at: float | None  # on the core's clock
+    protocol_version: int
+    will: Will | None
+    will_due: float | None  # on the core's clock
+
+
+class EndSession(NamedTuple):
+    """The session and everything it holds are gone."""
+
+    client_id: str
+
+
+class AddSubscription(NamedTuple):
+    client_id: str
+    key: str
+    topic_filter: str
+    qos: int
+    no_local: int
+    retain_as_published: int
+    retain_handling: int
+    identifier: int | None
+    share_name: str | None
+
+
+class RemoveSubscription(NamedTuple):
+    client_id: str
+    key: str
+
+
+class StoreMessage(NamedTuple):
+    """A message some stored queue entry refers to (stored once)."""
+
+    message_id: int
+    topic: str
+    payload: bytes
+    qos: int
+    retain: int
+    properties: bytes
+    origin: str | None
+    expiry_interval: int | None
+    created: float  # on the core's clock
+
+
+class ForgetMessage(NamedTuple):
+    message_id: int
+
+
+class AddEntry(NamedTuple):
+    """A QoS 1/2 message queued or in flight for a persistent session."""
+
+    client_id: str
+    seq: int
+    message_id: int
+    qos: int
+    retain: int
+    sub_ids: tuple[int, ...]
+    packet_id: int
+    state: int
+    share: tuple[str, str] | None
+
+
+class MoveEntry(NamedTuple):
+    """An entry moved on in its flow (a packet id given, PUBREC received)."""
+
+    client_id: str
+    seq: int
+    packet_id: int
+    state: int
+
+
+class RemoveEntry(NamedTuple):
+    client_id: str
+    seq: int
+
+
+class AddIncoming(NamedTuple):
+    """An inbound QoS 2 packet id awaiting PUBREL."""
+
+    client_id: str
+    packet_id: int
+
+
+class RemoveIncoming(NamedTuple):
+    client_id: str
+    packet_id: int
+
+
+class Retain(NamedTuple):
+    topic: str
+    payload: bytes
+    qos: int
+    properties: bytes
+    origin: str | None
+    expiry_interval: int | None
+    created: float  # on the core's clock
+
+
+class Unretain(NamedTuple):
+    topic: str
+
+
+class PutOutbox(NamedTuple):
+    """A message entering a bridge's outbox (times are wall-clock already)."""
+
+    bridge: str
+    pos: int
+    seq: int
+    topic: str
+    payload: bytes
+    qos: int
+    retain: int
+    properties: bytes
+    created: float
+    expires: float | None
+
+
+class RemoveOutbox(NamedTuple):
+    bridge: str
+    pos: int
+
+
+class SetMeta(NamedTuple):
+    key: str
+    value: str
+
+
+class StepClock(NamedTuple):
+    """The system clock was set ``step`` seconds forward (or back): every wall-clock
+    time in the store moves with it."""
+
+    step: float
+
+
+#: One operation for the store (see gateway.store.sqlite for what each one writes).
+Op = (
+    SaveSession
+    | EndSession
+    | AddSubscription
+    | RemoveSubscription
+    | StoreMessage
+    | ForgetMessage
+    | AddEntry
+    | MoveEntry
+    | RemoveEntry
+    | AddIncoming
+    | RemoveIncoming
+    | Retain
+    | Unretain
+    | PutOutbox
+    | RemoveOutbox
+    | SetMeta
+    | StepClock
+)
 
 
 class Journal:
@@ -96,8 +258,7 @@ class Journal:
         if s.expiry_interval > 0:
             s.persisted = True
             self.ops.append(
-                (
-                    "session",
+                SaveSession(
                     s.client_id,
                     s.expiry_interval,
                     s.expires_at,
@@ -113,7 +274,7 @@ class Journal:
         if not s.persisted:
             return
         s.persisted = False
-        self.ops.append(("session_end", s.client_id))
+        self.ops.append(EndSession(s.client_id))
         for entry in [*s.inflight.values(), *s.queue]:
             if entry.seq:
                 entry.seq = 0
@@ -122,8 +283,7 @@ class Journal:
     def subscribe(self, s: Session, sub: Subscription) -> None:
         if s.persisted:
             self.ops.append(
-                (
-                    "subscribe",
+                AddSubscription(
                     s.client_id,
                     sub.key,
                     sub.topic_filter,
@@ -138,7 +298,7 @@ class Journal:
 
     def unsubscribe(self, s: Session, key: str) -> None:
         if s.persisted:
-            self.ops.append(("unsubscribe", s.client_id, key))
+            self.ops.append(RemoveSubscription(s.client_id, key))
 
     # ------------------------------------------------------------------ messages
 
@@ -154,8 +314,7 @@ class Journal:
                 msg.store_id = self.next_message_id
                 self.next_message_id += 1
                 self.ops.append(
-                    (
-                        "message",
+                    StoreMessage(
                         msg.store_id,
                         msg.topic,
                         msg.payload,
@@ -169,8 +328,7 @@ class Journal:
                 )
             msg.refs += 1
             self.ops.append(
-                (
-                    "entry",
+                AddEntry(
                     s.client_id,
                     entry.seq,
                     msg.store_id,
@@ -183,39 +341,38 @@ class Journal:
                 )
             )
         else:
-            self.ops.append(("entry_state", s.client_id, entry.seq, entry.packet_id, entry.state))
+            self.ops.append(MoveEntry(s.client_id, entry.seq, entry.packet_id, entry.state))
 
     def entry_done(self, s: Session, entry: Outgoing) -> None:
         """Acknowledged, expired or dropped: the message is gone from ``s``."""
         if not entry.seq:
             return
         if s.persisted:
-            self.ops.append(("entry_done", s.client_id, entry.seq))
+            self.ops.append(RemoveEntry(s.client_id, entry.seq))
         entry.seq = 0
         self._unref(entry.message)
 
     def _unref(self, msg: Message) -> None:
         msg.refs -= 1
         if msg.refs <= 0 and msg.store_id:
-            self.ops.append(("message_gone", msg.store_id))
+            self.ops.append(ForgetMessage(msg.store_id))
             msg.store_id = 0
             msg.refs = 0
 
     def incoming(self, s: Session, pid: int) -> None:
         if s.persisted:
-            self.ops.append(("incoming", s.client_id, pid))
+            self.ops.append(AddIncoming(s.client_id, pid))
 
     def incoming_done(self, s: Session, pid: int) -> None:
         if s.persisted:
-            self.ops.append(("incoming_done", s.client_id, pid))
+            self.ops.append(RemoveIncoming(s.client_id, pid))
 
     def retain(self, msg: Message) -> None:
         if msg.topic.startswith("$SYS"):
             return  # regenerated every interval: never worth a write to the SD card
         if msg.payload:
             self.ops.append(
-                (
-                    "retain",
+                Retain(
                     msg.topic,
                     msg.payload,
                     msg.qos,
@@ -226,4 +383,4 @@ class Journal:
                 )
             )
         else:
-            self.ops.append(("unretain", msg.topic))
+            self.ops.append(Unretain(msg.topic))

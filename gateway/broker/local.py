@@ -5,21 +5,21 @@ like any other for routing (wildcards, shared groups, retained messages, No
 Local), but what it receives is handed to its ``sink`` at once instead of being
 encoded for a socket: no copies, no packet identifiers, no acknowledgements.
 Sinks run inside the core's delivery loop and must only enqueue; the app layer
-drains its queue elsewhere.
+drains its queue elsewhere. Each call is an event of the core: when it is over, the
+shell is woken (``Context.wake``) to write what it produced.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
+from gateway.broker import sessions
+from gateway.broker.context import Context
+from gateway.broker.delivery import deliver, publish_local
 from gateway.broker.message import Message
-from gateway.broker.session import Session, Subscription
+from gateway.broker.state import Session, Subscription
 from gateway.mqtt.properties import EMPTY, Properties
 from gateway.mqtt.topics import filter_error, parse_shared, topic_name_error
-
-if TYPE_CHECKING:
-    from gateway.broker.core import Broker
 
 #: What a local subscriber receives: the message, the QoS it was granted, the retain
 #: flag as delivered, and the identifiers of the matching subscriptions.
@@ -31,7 +31,7 @@ class LocalClient:
 
     __slots__ = ("broker", "client_id", "session")
 
-    def __init__(self, broker: Broker, client_id: str, sink: Sink | None = None) -> None:
+    def __init__(self, broker: Context, client_id: str, sink: Sink | None = None) -> None:
         if client_id in broker.sessions:
             raise ValueError(f"client id {client_id!r} is already in use")
         self.broker = broker
@@ -63,17 +63,22 @@ class LocalClient:
         else:
             share_name, inner = shared
         sub = Subscription(inner, qos, no_local, retain_as_published, 0, identifier, share_name)
-        old = self.session.subscriptions.get(topic_filter)
-        if old is not None:
-            self.broker.index.remove(self.session, old)
-        self.session.subscriptions[topic_filter] = sub
-        self.broker.index.add(self.session, sub)
-        if retained and share_name is None:
-            ids = (identifier,) if identifier else ()
-            for msg in self.broker.retained.matching(inner, now):
-                if no_local and msg.origin == self.client_id:
-                    continue
-                self.broker.deliver(self.session, msg, min(qos, msg.qos), True, ids, None, now)
+        ctx = self.broker
+        ctx.begin()
+        try:
+            old = self.session.subscriptions.get(topic_filter)
+            if old is not None:
+                ctx.index.remove(self.session, old)
+            self.session.subscriptions[topic_filter] = sub
+            ctx.index.add(self.session, sub)
+            if retained and share_name is None:
+                ids = (identifier,) if identifier else ()
+                for msg in ctx.retained.matching(inner, now):
+                    if no_local and msg.origin == self.client_id:
+                        continue
+                    deliver(ctx, self.session, msg, min(qos, msg.qos), True, ids, None, now)
+        finally:
+            ctx.end()
 
     def unsubscribe(self, topic_filter: str) -> bool:
         sub = self.session.subscriptions.pop(topic_filter, None)
@@ -96,20 +101,31 @@ class LocalClient:
         error = topic_name_error(topic)
         if error:
             raise ValueError(f"topic {topic!r}: {error}")
-        return self.broker.publish_local(
-            topic,
-            payload,
-            now,
-            qos=qos,
-            retain=retain,
-            properties=properties,
-            origin=self.client_id,
-        )
+        ctx = self.broker
+        ctx.begin()
+        try:
+            return publish_local(
+                ctx,
+                topic,
+                payload,
+                now,
+                qos=qos,
+                retain=retain,
+                properties=properties,
+                origin=self.client_id,
+            )
+        finally:
+            ctx.end()
 
     def close(self, now: float) -> None:
         """Remove the client and its subscriptions."""
-        if self.broker.sessions.get(self.client_id) is self.session:
-            self.broker.end_session(self.session, now)
+        ctx = self.broker
+        if ctx.sessions.get(self.client_id) is self.session:
+            ctx.begin()
+            try:
+                sessions.end(ctx, self.session, now)
+            finally:
+                ctx.end()
 
 
 def _discard(msg: Message, qos: int, retain: bool, sub_ids: tuple[int, ...]) -> None:

@@ -31,9 +31,7 @@ from typing import TYPE_CHECKING, Final
 from gateway.broker.timers import Handle
 
 if TYPE_CHECKING:
-    from gateway.broker.auth import PasswordCheck
-    from gateway.broker.connection import Connection
-    from gateway.mqtt.packets import Connect
+    from gateway.broker.state import LoginAttempt
 
 #: Addresses remembered (policy: least recently used evicted).
 TABLE_SIZE: Final = 4096
@@ -41,36 +39,6 @@ TABLE_SIZE: Final = 4096
 WAITING_PER_ADDRESS: Final = 8
 #: A record whose last failure is this old (seconds) starts afresh.
 FORGET_AFTER: Final = 600.0
-
-
-class LoginAttempt:
-    """A CONNECT whose password is being checked, or waits for its turn."""
-
-    __slots__ = ("check", "conn", "generation", "key", "packet", "username")
-
-    def __init__(
-        self,
-        conn: Connection,
-        packet: Connect,
-        username: str | None,
-        check: PasswordCheck,
-        key: str,
-    ) -> None:
-        self.conn = conn
-        self.generation = conn.generation
-        self.packet = packet
-        self.username = username
-        self.check = check
-        self.key = key
-
-    def __repr__(self) -> str:
-        return f"LoginAttempt({self.username!r} from {self.key})"
-
-    @property
-    def live(self) -> bool:
-        """Is the connection still there, waiting for this very attempt?"""
-        conn = self.conn
-        return conn.generation == self.generation and conn.pending is self
 
 
 class AddressRecord:

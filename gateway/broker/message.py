@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Final
 
+from gateway.mqtt.fastpath import publish_template
 from gateway.mqtt.packets import MQTT_5
-from gateway.mqtt.properties import EMPTY, Properties, encode_properties
-from gateway.mqtt.wire import encode_varint
+from gateway.mqtt.properties import EMPTY, Properties, properties_body
 
 #: Forwarded properties never carry these; the server sets them per delivery.
 _PER_DELIVERY: Final = {
@@ -114,12 +114,7 @@ class Message:
     def _properties_body(self) -> bytes:
         body = self._props_body
         if body is None:
-            encoded = encode_properties(self.properties)
-            # Drop the length prefix; per-delivery properties are appended after.
-            length_size = 1
-            while encoded[length_size - 1] & 0x80:
-                length_size += 1
-            body = self._props_body = encoded[length_size:]
+            body = self._props_body = properties_body(self.properties)
         return body
 
     def encode(
@@ -148,27 +143,19 @@ class Message:
                 hit = cache.get(key)
                 if hit is not None:
                     return hit
-        first = 0x30 | (qos << 1) | (1 if retain else 0) | (0x08 if dup else 0)
-        topic = self.topic_bytes() if send_topic else b""
-        if version == MQTT_5:
-            props = self._properties_body()
-            if expiry is not None:
-                props += b"\x02" + expiry.to_bytes(4, "big")
-            if alias:
-                props += b"\x23" + alias.to_bytes(2, "big")
-            for ident in sub_ids:
-                props += b"\x0b" + encode_varint(ident)
-            tail = encode_varint(len(props)) + props + self.payload
-        else:
-            tail = self.payload
-        remaining = 2 + len(topic) + (2 if qos else 0) + len(tail)
-        head = bytes((first,)) + encode_varint(remaining) + len(topic).to_bytes(2, "big") + topic
-        parts = (head + tail, b"") if qos == 0 else (head, tail)
+        parts = publish_template(
+            version,
+            qos,
+            retain,
+            self.topic_bytes() if send_topic else b"",
+            self.payload,
+            self._properties_body() if version == MQTT_5 else b"",
+            dup=dup,
+            expiry=expiry,
+            alias=alias,
+            sub_ids=sub_ids,
+        )
         if cacheable:
             assert self._cache is not None
             self._cache[key] = parts
         return parts
-
-
-def packet_size(parts: tuple[bytes, bytes], qos: int) -> int:
-    return len(parts[0]) + len(parts[1]) + (2 if qos else 0)

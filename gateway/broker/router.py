@@ -14,7 +14,7 @@ from gateway.broker.subtree import SubTree
 from gateway.mqtt.topics import has_wildcard, matches
 
 if TYPE_CHECKING:
-    from gateway.broker.session import Session, Subscription
+    from gateway.broker.state import Session, Subscription
 
 Entry = tuple["Session", "Subscription"]
 
@@ -43,7 +43,7 @@ class SharedGroup:
         if self.members.pop(client_id, None) is not None:
             self._order.remove(client_id)
 
-    def pick(self, exclude: str | None = None, topic: str | None = None) -> Entry | None:
+    def pick(self, topic: str) -> Entry | None:
         """The next member that may read ``topic``; connected members first, then any
         (the message queues)."""
         order = self._order
@@ -54,11 +54,9 @@ class SharedGroup:
         fallback: Entry | None = None
         for step in range(n):
             client_id = order[(start + step) % n]
-            if client_id == exclude:
-                continue
             entry = self.members[client_id]
             rules = entry[0].rules
-            if rules is not None and topic is not None and not rules.can_read(topic):
+            if rules is not None and not rules.can_read(topic):
                 continue
             conn = entry[0].conn
             if (conn is not None and conn.writable) or entry[0].sink is not None:

@@ -1,48 +1,99 @@
-"""Broker limits and switches: plain data handed to the core by the app layer."""
+"""Broker limits and switches: plain data handed to the core by the app layer.
+
+Every config option of Ledge is declared once, as a field of a settings dataclass made
+with ``option``: its default, whether SIGHUP applies it, and its bounds. The config
+validator (``gateway.config``) builds its pydantic models from these fields, so the
+default the gateway runs with, the one ``ledge check-config`` accepts and the one
+``ledge.example.toml`` shows are one value (a test holds the example to it).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Final
+from dataclasses import MISSING, dataclass, field
+from typing import Any, Final, Literal
 
 from gateway.mqtt.reason_codes import ReasonCode
+from gateway.mqtt.wire import VARINT_MAX
 
 #: Session Expiry Interval meaning "never expires" (MQTT 5.0 section 3.1.2.11.2).
 NEVER_EXPIRES: Final = 0xFFFF_FFFF
 
 
+def option(
+    default: Any = MISSING,
+    *,
+    reload: bool = False,
+    factory: Any = None,
+    internal: bool = False,
+    section: str = "",
+    **bounds: Any,
+) -> Any:
+    """A config option as a dataclass field.
+
+    ``reload``: SIGHUP applies it. ``bounds``: what the validator enforces (pydantic's
+    ``ge``, ``gt``, ``le``, ``min_length``, ``max_length``). ``internal``: a knob the
+    config file does not offer. ``section``: the TOML table it is written in, when
+    that is not the dataclass's own (the failed-login delays sit in ``[auth]``).
+    No default: the option is required.
+    """
+    # Only what differs from the usual (no reload, in the file, in its own table, no
+    # bounds) is kept: the gateway process holds every option's field for its life.
+    metadata = {
+        key: value
+        for key, value in (
+            ("reload", reload),
+            ("internal", internal),
+            ("section", section),
+            ("bounds", bounds),
+        )
+        if value
+    }
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata or None)
+    return field(default=default, metadata=metadata or None)
+
+
 @dataclass(frozen=True, slots=True)
 class BrokerSettings:
-    """Every bound the core enforces, with the defaults the example config documents."""
+    """Every bound the core enforces (``[broker]``), with its default."""
 
-    max_connections: int = 1024
-    max_packet_size: int = 1_048_576
-    max_keepalive: int = 60
-    connect_timeout: float = 10.0
-    receive_maximum: int = 100
-    max_inflight: int = 100
-    max_queued_messages: int = 1000
-    max_queued_bytes: int = 8 * 1024 * 1024
-    queue_qos0_offline: bool = False
-    topic_alias_maximum: int = 10
-    retain_available: bool = True
-    max_retained_messages: int = 10_000
-    max_retained_bytes: int = 64 * 1024 * 1024
-    wildcard_subscriptions: bool = True
-    shared_subscriptions: bool = True
-    subscription_identifiers: bool = True
-    max_subscriptions_per_client: int = 4096
-    max_session_expiry_interval: int = NEVER_EXPIRES
-    persistent_session_expiry: int = NEVER_EXPIRES
-    allow_zero_length_client_id: bool = True
-    assigned_client_id_prefix: str = "ledge-"
-    deny_subscriptions: tuple[str, ...] = ()
-    deny_subscription_reason: int = ReasonCode.UNSPECIFIED_ERROR
-    sys_interval: float = 10.0
-    response_information_prefix: str = "response/"
-    max_outbound_bytes: int = 1024 * 1024
-    slow_consumer_timeout: float = 60.0
-    route_cache_size: int = 4096
+    max_connections: int = option(1024, ge=1)
+    max_packet_size: int = option(1_048_576, ge=64, le=VARINT_MAX + 5)
+    max_keepalive: int = option(60, reload=True, ge=0, le=65535)
+    connect_timeout: float = option(10.0, reload=True, gt=0)
+    receive_maximum: int = option(100, ge=1, le=65535)
+    max_inflight: int = option(100, reload=True, ge=1, le=65535)
+    max_queued_messages: int = option(1000, reload=True, ge=0)
+    max_queued_bytes: int = option(8 * 1024 * 1024, reload=True, ge=0)
+    queue_qos0_offline: bool = option(False, reload=True)
+    topic_alias_maximum: int = option(10, ge=0, le=65535)
+    retain_available: bool = option(True)
+    max_retained_messages: int = option(10_000, ge=0)
+    max_retained_bytes: int = option(64 * 1024 * 1024, ge=0)
+    wildcard_subscriptions: bool = option(True)
+    shared_subscriptions: bool = option(True)
+    subscription_identifiers: bool = option(True)
+    max_subscriptions_per_client: int = option(4096, reload=True, ge=1)
+    max_session_expiry_interval: int = option(NEVER_EXPIRES, reload=True, ge=0, le=NEVER_EXPIRES)
+    persistent_session_expiry: int = option(NEVER_EXPIRES, reload=True, ge=0, le=NEVER_EXPIRES)
+    allow_zero_length_client_id: bool = option(True, reload=True)
+    assigned_client_id_prefix: str = option("ledge-", reload=True)
+    deny_subscriptions: tuple[str, ...] = option((), reload=True)
+    deny_subscription_reason: Literal["unspecified_error", "not_authorized"] = option(
+        "unspecified_error", reload=True
+    )
+    sys_interval: float = option(10.0, ge=0)
+    response_information_prefix: str = option("response/", reload=True)
+    max_outbound_bytes: int = option(1024 * 1024, ge=1024)
+    slow_consumer_timeout: float = option(60.0, reload=True, ge=0)
+    route_cache_size: int = option(4096, internal=True)
     #: Failed-login slowdown (see gateway.broker.logins); 0 switches it off.
-    failed_login_delay: float = 1.0
-    failed_login_delay_max: float = 30.0
+    failed_login_delay: float = option(1.0, reload=True, section="auth", ge=0)
+    failed_login_delay_max: float = option(30.0, reload=True, section="auth", ge=0)
+
+    @property
+    def deny_subscription_code(self) -> ReasonCode:
+        """The SUBACK code for a filter in ``deny_subscriptions``."""
+        if self.deny_subscription_reason == "not_authorized":
+            return ReasonCode.NOT_AUTHORIZED
+        return ReasonCode.UNSPECIFIED_ERROR

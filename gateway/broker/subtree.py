@@ -159,10 +159,6 @@ class SubTree(Generic[V]):
             node = nxt
             i += 1
 
-    def find_map(self, topic: str, fn: Callable[[V], W]) -> list[W]:
-        """``fn`` applied to every value ``find(topic)`` returns."""
-        return [fn(v) for v in self.find(topic)]
-
     def find_items(self, topic: str) -> list[tuple[str, V]]:
         """``(filter, value)`` for every filter key matching ``topic``."""
         return [(k, v) for k, v in self.items() if matches(k, topic)]

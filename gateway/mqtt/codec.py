@@ -18,6 +18,7 @@ from gateway.mqtt.errors import (
     TopicNameInvalid,
     UnsupportedProtocolVersion,
 )
+from gateway.mqtt.fastpath import encode_ack
 from gateway.mqtt.packets import (
     MQTT_5,
     MQTT_311,
@@ -535,17 +536,17 @@ def encode_publish(p: Publish, version: int) -> bytes:
     return frame(first, b"".join(parts))
 
 
-def _make_ack_encoder(first_byte: int) -> Callable[[Packet, int], bytes]:
-    def encode_ack(p: Packet, version: int) -> bytes:
+def _make_ack_encoder(kind: PacketType, first_byte: int) -> Callable[[Packet, int], bytes]:
+    def encode_pub_ack(p: Packet, version: int) -> bytes:
         assert isinstance(p, (PubAck, PubRec, PubRel, PubComp))
-        pid = p.packet_id.to_bytes(2, "big")
         if version != MQTT_5 or (p.reason_code == 0 and p.properties is EMPTY):
-            return bytes((first_byte, 2)) + pid
+            return encode_ack(kind, p.packet_id, 0, version)
+        pid = p.packet_id.to_bytes(2, "big")
         if p.properties is EMPTY or not p.properties:
-            return bytes((first_byte, 3)) + pid + bytes((p.reason_code,))
+            return frame(first_byte, pid + bytes((p.reason_code,)))
         return frame(first_byte, pid + bytes((p.reason_code,)) + encode_properties(p.properties))
 
-    return encode_ack
+    return encode_pub_ack
 
 
 def _encode_subscribe(p: Subscribe, version: int) -> bytes:
@@ -610,10 +611,10 @@ _ENCODERS: Final[dict[int, Callable[..., bytes]]] = {
     PacketType.CONNECT: _encode_connect,
     PacketType.CONNACK: _encode_connack,
     PacketType.PUBLISH: encode_publish,
-    PacketType.PUBACK: _make_ack_encoder(0x40),
-    PacketType.PUBREC: _make_ack_encoder(0x50),
-    PacketType.PUBREL: _make_ack_encoder(0x62),
-    PacketType.PUBCOMP: _make_ack_encoder(0x70),
+    PacketType.PUBACK: _make_ack_encoder(PacketType.PUBACK, 0x40),
+    PacketType.PUBREC: _make_ack_encoder(PacketType.PUBREC, 0x50),
+    PacketType.PUBREL: _make_ack_encoder(PacketType.PUBREL, 0x62),
+    PacketType.PUBCOMP: _make_ack_encoder(PacketType.PUBCOMP, 0x70),
     PacketType.SUBSCRIBE: _encode_subscribe,
     PacketType.SUBACK: _encode_suback,
     PacketType.UNSUBSCRIBE: _encode_unsubscribe,

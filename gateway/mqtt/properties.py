@@ -238,6 +238,28 @@ def encode_properties(props: Properties) -> bytes:
     return encode_varint(len(out)) + bytes(out)
 
 
+def properties_body(props: Properties) -> bytes:
+    """The encoded properties without their length: what a template appends to."""
+    if props is EMPTY:
+        return b""
+    encoded = encode_properties(props)
+    _length, start = read_varint(encoded, 0, len(encoded))
+    return encoded[start:]
+
+
+def property_block(body: bytes) -> bytes:
+    """A property block from encoded properties: their length, then themselves."""
+    return encode_varint(len(body)) + body
+
+
+def user_property(key: str, value: str) -> bytes:
+    """One encoded User Property (MQTT 5.0 section 3.3.2.3.7), for ``property_block``."""
+    return _USER_PROPERTY + encode_string(key) + encode_string(value)
+
+
+_USER_PROPERTY: Final = bytes((PropertyId.USER_PROPERTY,))
+
+
 def decode_properties(buf: Buffer, pos: int, end: int, where: Where) -> tuple[Properties, int]:
     """Read a property block at ``pos``; returns the properties and the new position."""
     length, pos = read_varint(buf, pos, end)

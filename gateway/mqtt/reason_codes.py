@@ -52,10 +52,6 @@ class ReasonCode(IntEnum):
     SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED = 0xA1
     WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED = 0xA2
 
-    @property
-    def is_error(self) -> bool:
-        return self.value >= 0x80
-
 
 NORMAL_DISCONNECTION = ReasonCode.SUCCESS
 

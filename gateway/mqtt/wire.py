@@ -54,16 +54,6 @@ def read_varint(buf: Buffer, pos: int, end: int) -> tuple[int, int]:
     raise MalformedPacket("variable byte integer longer than four bytes")
 
 
-def varint_size(value: int) -> int:
-    if value < 128:
-        return 1
-    if value < 16_384:
-        return 2
-    if value < 2_097_152:
-        return 3
-    return 4
-
-
 def encode_string(value: str) -> bytes:
     data = value.encode("utf-8")
     if len(data) > 65_535:

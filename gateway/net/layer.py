@@ -1,4 +1,5 @@
-"""A layer between the socket and the MQTT protocol (TLS, WebSocket).
+"""A layer between the socket and the MQTT protocol (TLS, WebSocket); imported only
+when such a listener is configured.
 
 ``Layer`` admits a connection to its opening step (the TLS handshake, the WebSocket
 upgrade) through the endpoint's bound, gives that step ``connect_timeout`` to finish,
@@ -10,18 +11,17 @@ layer does to the bytes is its own: ``data_received`` on the way in, ``write`` a
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from gateway.net.server import Endpoint, Server
+from gateway.net.endpoint import Endpoint
 
 
 class Layer(asyncio.Protocol):
     """The part every layer shares: admission, the opening deadline, handing over."""
 
-    def __init__(self, server: Server, endpoint: Endpoint, inner: asyncio.Protocol) -> None:
-        self.server = server
+    def __init__(self, endpoint: Endpoint, inner: asyncio.Protocol) -> None:
         self.endpoint = endpoint
+        self.loop = endpoint.loop
         self.inner = inner
         self.raw: asyncio.Transport | None = None
         self.open = False
@@ -31,11 +31,11 @@ class Layer(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         raw: asyncio.Transport = transport  # type: ignore[assignment]
         self.raw = raw
-        if not self.endpoint.admit(raw, self.server):
+        if not self.endpoint.admit(raw):
             return
         self.start()
-        self._timer = self.server.loop.call_later(
-            self.server.broker.settings.connect_timeout, self._too_slow
+        self._timer = self.loop.call_later(
+            self.endpoint.broker.settings.connect_timeout, self._too_slow
         )
 
     def start(self) -> None:

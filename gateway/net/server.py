@@ -18,25 +18,20 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Final, cast
 
-from gateway.broker.connection import Connection, State
 from gateway.broker.core import Broker
+from gateway.broker.state import Connection, State
+from gateway.net.endpoint import LINGER_SECONDS, Endpoint
 
 if TYPE_CHECKING:
-    import ssl
-
-    from gateway.broker.logins import LoginAttempt
+    from gateway.broker.state import LoginAttempt
     from gateway.net.tls import TLSSettings
 
 log = logging.getLogger("ledge.net")
 
 #: Listener types: MQTT over TCP, over TLS, over WebSockets, over WebSockets over TLS.
 KINDS: Final = ("tcp", "tls", "websocket", "websocket-tls")
-
-#: Connections per listener that may be in their TLS handshake or WebSocket upgrade at
-#: once; more are closed at once (counted as refused).
-MAX_PENDING_HANDSHAKES: Final = 256
 
 #: Password checks waiting for the worker threads; more are refused (server busy).
 MAX_PENDING_CHECKS: Final = 64
@@ -55,61 +50,6 @@ class ListenerSpec:
     @property
     def label(self) -> str:
         return self.name or f"{self.host}:{self.port}"
-
-
-class Endpoint:
-    """A listener's connection-time settings (a reload may replace them) and its
-    connections still in a TLS handshake or WebSocket upgrade (bounded)."""
-
-    __slots__ = ("context", "kind", "label", "path", "pending", "refused")
-
-    def __init__(self, spec: ListenerSpec, context: ssl.SSLContext | None) -> None:
-        self.label = spec.label
-        self.kind = spec.kind
-        self.path = spec.path
-        self.context = context
-        self.pending: set[asyncio.Transport] = set()
-        self.refused = 0
-
-    def admit(self, transport: asyncio.Transport, server: Server) -> bool:
-        """Take a new connection into its handshake, or close it when too many are."""
-        if len(self.pending) >= MAX_PENDING_HANDSHAKES:
-            server.broker.stats.connections_refused += 1
-            self.refused += 1
-            if self.refused & (self.refused - 1) == 0:
-                log.warning(
-                    "%s: %d connections already in their handshake: closing new ones (%d so far)",
-                    self.label,
-                    MAX_PENDING_HANDSHAKES,
-                    self.refused,
-                )
-            transport.abort()
-            return False
-        self.pending.add(transport)
-        return True
-
-    def admitted(self, transport: asyncio.Transport) -> None:
-        self.pending.discard(transport)
-
-    def failed_handshake(self, peer: Any, exc: BaseException) -> None:
-        where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        log.info("%s: TLS handshake with %s failed: %s", self.label, where, exc or type(exc))
-
-
-#: After the broker's last packet on a connection (a DISCONNECT, a refusing CONNACK),
-#: how long the write side stays shut while input is read and discarded before the
-#: socket closes. Closing with unread input makes the kernel send RST, which can
-#: destroy that last packet before the client reads it ("lingering close").
-LINGER_SECONDS = 2.0
-
-
-def linger_close(transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-    """Shut the write side, read and discard for ``LINGER_SECONDS``, then close."""
-    if transport.can_write_eof():
-        transport.write_eof()
-        loop.call_later(LINGER_SECONDS, transport.abort)
-    else:
-        transport.close()
 
 
 class MQTTProtocol(asyncio.Protocol):
@@ -160,7 +100,6 @@ class MQTTProtocol(asyncio.Protocol):
         server.protocols.add(self)
         if server.reading_paused:
             transport.pause_reading()
-        server.after_event()
 
     def data_received(self, data: bytes) -> None:
         conn = self.conn
@@ -168,7 +107,6 @@ class MQTTProtocol(asyncio.Protocol):
             return
         server = self.server
         server.broker.data_received(conn, data, server.loop.time())
-        server.after_event()
 
     def eof_received(self) -> bool:
         return False  # the peer is done: close our side too
@@ -183,7 +121,6 @@ class MQTTProtocol(asyncio.Protocol):
         if conn is not None:
             server.broker.connection_lost(conn, server.loop.time())
         self.transport = None
-        server.after_event()
         if not server.protocols:
             server.all_closed.set()
 
@@ -194,15 +131,17 @@ class MQTTProtocol(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self.conn is not None:
             self.server.broker.set_writable(self.conn, True, self.server.loop.time())
-            self.server.after_event()
 
 
 class Server:
-    """Owns the listeners and drives the core's output and timers."""
+    """Owns the listeners and drives the core's output and timers: the core calls
+    ``after_event`` (its wake-up hook) whenever an event it handled is over."""
 
     def __init__(self, broker: Broker, loop: asyncio.AbstractEventLoop) -> None:
         self.broker = broker
+        broker.wake = self.after_event
         self.loop = loop
+        self._flushing = False
         self.listeners: list[asyncio.Server] = []
         self.protocols: set[MQTTProtocol] = set()
         self.all_closed = asyncio.Event()
@@ -224,13 +163,15 @@ class Server:
             from gateway.net.tls import server_context
 
             context = server_context(spec.tls)
-        endpoint = self.endpoints[label] = Endpoint(spec, context)
+        endpoint = self.endpoints[label] = Endpoint(
+            label, spec.kind, spec.path, context, self.broker, self.loop
+        )
         factory: Callable[[], asyncio.Protocol]
         if spec.kind in ("websocket", "websocket-tls"):
             from gateway.net.websocket import WebSocketProtocol
 
             def factory() -> asyncio.Protocol:
-                return WebSocketProtocol(self, endpoint, MQTTProtocol(self, label))
+                return WebSocketProtocol(endpoint, MQTTProtocol(self, label))
         else:
 
             def factory() -> asyncio.Protocol:
@@ -241,7 +182,7 @@ class Server:
             from gateway.net.tls import TLSProtocol
 
             def accept() -> asyncio.Protocol:
-                return TLSProtocol(self, endpoint, factory())
+                return TLSProtocol(endpoint, factory())
 
         server = await self.loop.create_server(
             accept, spec.host, spec.port, reuse_address=True, backlog=1024
@@ -251,7 +192,7 @@ class Server:
         scheme = {"tcp": "mqtt", "tls": "mqtts", "websocket": "ws", "websocket-tls": "wss"}
         for host, port in bound:
             log.info("listening on %s:%d (%s)", host, port, scheme[spec.kind])
-        self.after_event()
+        self.after_event()  # the core's timers ($SYS) were set before the loop ran
         return bound
 
     def update_listener(self, spec: ListenerSpec) -> None:
@@ -271,7 +212,6 @@ class Server:
         slow on purpose) and hand the outcome back on the loop."""
         if self._checking >= MAX_PENDING_CHECKS:
             self.broker.password_checked(attempt, None, self.loop.time())
-            self.after_event()
             return
         if self._executor is None:
             import os
@@ -290,15 +230,15 @@ class Server:
         if not future.cancelled() and future.exception() is None:
             ok = future.result()
         self.broker.password_checked(attempt, ok, self.loop.time())
-        self.after_event()
 
     def after_event(self) -> None:
-        """Write what the core produced -- at once when a lot is waiting, else at the end
-        of this loop iteration -- and arm the timer for the core's next deadline."""
+        """The core's wake-up hook: write what the core produced -- at once when a lot
+        is waiting, else at the end of this loop iteration -- and arm the timer for the
+        core's next deadline."""
         if self.after_core is not None:
             self.after_core()
         broker = self.broker
-        if broker.urgent:
+        if broker.urgent and not self._flushing:
             self.flush()
         elif broker.dirty and not self._flush_scheduled:
             self._flush_scheduled = True
@@ -313,7 +253,6 @@ class Server:
     def _on_timer(self) -> None:
         self._timer = None
         self.broker.tick(self.loop.time())
-        self.after_event()
 
     def _scheduled_flush(self) -> None:
         self._flush_scheduled = False
@@ -323,7 +262,18 @@ class Server:
         """Write every dirty connection's output in one call; close those closing."""
         broker = self.broker
         sent = 0
-        for conn in broker.take_dirty():
+        # A write may pause the transport (pause_writing -> the core -> after_event):
+        # that must not start a second flush inside this one.
+        self._flushing = True
+        try:
+            sent = self._write_dirty()
+        finally:
+            self._flushing = False
+        broker.stats.bytes_sent += sent
+
+    def _write_dirty(self) -> int:
+        sent = 0
+        for conn in self.broker.take_dirty():
             chunks = conn.take_output()
             proto = conn.handle
             transport = proto.transport if isinstance(proto, MQTTProtocol) else None
@@ -342,7 +292,7 @@ class Server:
                     transport.abort()
                 else:
                     proto.finish()
-        broker.stats.bytes_sent += sent
+        return sent
 
     def pause_reading(self, paused: bool) -> None:
         """Stop (or restart) reading from every client: back-pressure from the store."""

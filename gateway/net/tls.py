@@ -14,13 +14,10 @@ import contextlib
 import logging
 import ssl
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from gateway.net.endpoint import Endpoint, linger_close
 from gateway.net.layer import Layer, LayerTransport
-from gateway.net.server import linger_close
-
-if TYPE_CHECKING:
-    from gateway.net.server import Endpoint, Server
 
 log = logging.getLogger("ledge.net")
 
@@ -71,8 +68,8 @@ class TLSProtocol(Layer):
     sees a ``TLSTransport``. TLS runs over memory BIOs, so every byte the socket
     delivers goes through it, whichever event loop runs."""
 
-    def __init__(self, server: Server, endpoint: Endpoint, inner: asyncio.Protocol) -> None:
-        super().__init__(server, endpoint, inner)
+    def __init__(self, endpoint: Endpoint, inner: asyncio.Protocol) -> None:
+        super().__init__(endpoint, inner)
         self.incoming = ssl.MemoryBIO()
         self.outgoing = ssl.MemoryBIO()
         self.tls: ssl.SSLObject | None = None
@@ -167,7 +164,7 @@ class TLSProtocol(Layer):
             with contextlib.suppress(ssl.SSLError):  # the peer's close_notify is not awaited
                 self.tls.unwrap()
             self._flush()
-        linger_close(raw, self.server.loop)
+        linger_close(raw, self.loop)
 
 
 class TLSTransport(LayerTransport):

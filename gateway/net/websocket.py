@@ -18,11 +18,11 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
+from gateway.net.endpoint import Endpoint, linger_close
 from gateway.net.layer import Layer
-from gateway.net.server import linger_close
 
 if TYPE_CHECKING:
-    from gateway.net.server import Endpoint, MQTTProtocol, Server
+    import asyncio
 
 log = logging.getLogger("ledge.net")
 
@@ -312,8 +312,8 @@ class WebSocketProtocol(Layer):
     """One WebSocket connection: the upgrade (bounded, timed), then frames around an
     ``MQTTProtocol``."""
 
-    def __init__(self, server: Server, endpoint: Endpoint, inner: MQTTProtocol) -> None:
-        super().__init__(server, endpoint, inner)
+    def __init__(self, endpoint: Endpoint, inner: asyncio.Protocol) -> None:
+        super().__init__(endpoint, inner)
         self.reader = FrameReader()
         self.request = bytearray()
 
@@ -392,4 +392,4 @@ class WebSocketProtocol(Layer):
             return
         self.closing = True
         raw.write(close_frame(code, reason))
-        linger_close(raw, self.server.loop)
+        linger_close(raw, self.loop)

@@ -6,10 +6,10 @@ import logging
 from dataclasses import dataclass
 
 from gateway.broker.core import Broker
-from gateway.broker.journal import Journal
+from gateway.broker.journal import ForgetMessage, Journal, Unretain
 from gateway.broker.message import Message
-from gateway.broker.session import QUEUED, Outgoing, Session, Subscription
 from gateway.broker.settings import NEVER_EXPIRES
+from gateway.broker.state import Flow, Outgoing, Session, Subscription
 from gateway.mqtt.properties import Where, decode_properties
 from gateway.store.sqlite import Snapshot, StoredMessage
 
@@ -74,9 +74,9 @@ def restore(broker: Broker, snapshot: Snapshot, now: float, wall_now: float) -> 
             entry = Outgoing(msg, se.qos, se.retain, se.sub_ids, se.share)
             entry.seq = se.seq
             entry.packet_id = se.packet_id
-            entry.state = se.state
+            entry.state = Flow(se.state)
             msg.refs += 1
-            if se.state == QUEUED:
+            if entry.state is Flow.QUEUED:
                 session.queue.append(entry)
                 session.queued_bytes += msg.size
                 queued += 1
@@ -98,13 +98,13 @@ def restore(broker: Broker, snapshot: Snapshot, now: float, wall_now: float) -> 
         broker.adopt_session(session, now)
     for msg in messages.values():
         if msg.refs == 0:
-            journal.ops.append(("message_gone", msg.store_id))  # left by an old crash
+            journal.ops.append(ForgetMessage(msg.store_id))  # left by an old crash
     for stored in snapshot.retained:
         msg = _message(stored, offset)
         if not msg.expired(now):
             broker.retained.store(msg)
         else:
-            journal.ops.append(("unretain", msg.topic))
+            journal.ops.append(Unretain(msg.topic))
     result = Restored(len(snapshot.sessions), subscriptions, queued, inflight, len(broker.retained))
     if snapshot.sessions or snapshot.retained:
         log.info(

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Literal
+
+from gateway.broker.settings import option
 
 
 @dataclass(frozen=True, slots=True)
 class StoreSettings:
     """How the store under ``data_dir`` behaves (see ``gateway.store.sqlite``)."""
 
-    durability: str = "power"  # "power": fsync every commit; "process": no fsync
-    on_corrupt: str = "refuse"  # "refuse" | "move-aside"
-    max_bytes: int = 0  # 0: only the disk limits it
-    retry_interval: float = 1.0  # seconds between attempts when the store is full
+    #: "power": fsync every commit; "process": no fsync.
+    durability: Literal["power", "process"] = option("power")
+    on_corrupt: Literal["refuse", "move-aside"] = option("refuse")
+    #: 0: only the disk limits it.
+    max_bytes: int = option(0, ge=0)
+    #: Seconds between attempts when the store is full.
+    retry_interval: float = option(1.0, internal=True)
 
 
 #: Bytes an outbox entry costs beyond its topic, payload and properties (the bridge

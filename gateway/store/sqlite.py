@@ -30,7 +30,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from gateway.broker.journal import Op
+from gateway.broker.journal import (
+    AddEntry,
+    AddIncoming,
+    AddSubscription,
+    EndSession,
+    ForgetMessage,
+    MoveEntry,
+    Op,
+    PutOutbox,
+    RemoveEntry,
+    RemoveIncoming,
+    RemoveOutbox,
+    RemoveSubscription,
+    Retain,
+    SaveSession,
+    SetMeta,
+    StepClock,
+    StoreMessage,
+    Unretain,
+)
 from gateway.mqtt.packets import Will
 from gateway.mqtt.properties import Where, decode_properties, encode_properties
 from gateway.store.settings import OUTBOX_ENTRY_OVERHEAD, StoreSettings
@@ -584,9 +603,9 @@ class Store:
         db.execute("BEGIN IMMEDIATE")
         try:
             for _batch_id, ops, offset in batches:
-                if any(op[0] in _ORDER_SENSITIVE for op in ops):
+                if any(isinstance(op, _ORDER_SENSITIVE) for op in ops):
                     for op in ops:
-                        _APPLY[op[0]](db, op, offset)
+                        _APPLY[type(op)](db, op, offset)
                 else:
                     _apply_grouped(db, ops, offset)
             db.execute("COMMIT")
@@ -597,7 +616,8 @@ class Store:
 
 
 # --------------------------------------------------------------------------- operations
-# Each journal operation is a tuple whose first item names it (see gateway.broker.journal).
+# Each journal operation is a named tuple (see gateway.broker.journal); its type says
+# what it writes.
 
 
 def _wall(mono: float | None, offset: float) -> float | None:
@@ -605,117 +625,48 @@ def _wall(mono: float | None, offset: float) -> float | None:
 
 
 def _session(db: sqlite3.Connection, op: Op, offset: float) -> None:
-    _, client_id, expiry, expires_at, protocol, will, will_due = op
+    assert isinstance(op, SaveSession)
     db.execute(
         "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?)",
         (
-            client_id,
-            expiry,
-            _wall(expires_at, offset),
-            protocol,
-            encode_will(will) if will is not None else None,
-            _wall(will_due, offset),
+            op.client_id,
+            op.expiry_interval,
+            _wall(op.expires_at, offset),
+            op.protocol_version,
+            encode_will(op.will) if op.will is not None else None,
+            _wall(op.will_due, offset),
         ),
     )
 
 
 def _session_end(db: sqlite3.Connection, op: Op, offset: float) -> None:
-    client_id = op[1]
+    assert isinstance(op, EndSession)
     for table in ("sessions", "subscriptions", "queue", "incoming_qos2"):
-        db.execute(f"DELETE FROM {table} WHERE client_id = ?", (client_id,))
+        db.execute(f"DELETE FROM {table} WHERE client_id = ?", (op.client_id,))
 
 
 def _subscribe(db: sqlite3.Connection, op: Op, offset: float) -> None:
-    _, client_id, key, flt, qos, no_local, rap, rh, ident, share = op
-    db.execute(
-        "INSERT OR REPLACE INTO subscriptions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (client_id, key, flt, qos, no_local, rap, rh, ident, share),
-    )
+    db.execute("INSERT OR REPLACE INTO subscriptions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", op)
 
 
 def _unsubscribe(db: sqlite3.Connection, op: Op, offset: float) -> None:
-    db.execute("DELETE FROM subscriptions WHERE client_id = ? AND key = ?", (op[1], op[2]))
-
-
-def _message(db: sqlite3.Connection, op: Op, offset: float) -> None:
-    _, mid, topic, payload, qos, retain, props, origin, expiry, created = op
-    db.execute(
-        "INSERT OR REPLACE INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (mid, topic, payload, qos, retain, props, origin, expiry, created + offset),
-    )
-
-
-def _message_gone(db: sqlite3.Connection, op: Op, offset: float) -> None:
-    db.execute("DELETE FROM messages WHERE id = ?", (op[1],))
-
-
-def _entry(db: sqlite3.Connection, op: Op, offset: float) -> None:
-    _, client_id, seq, mid, qos, retain, sub_ids, pid, state, share = op
-    db.execute(
-        "INSERT OR REPLACE INTO queue VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (
-            client_id,
-            seq,
-            mid,
-            qos,
-            retain,
-            json.dumps(list(sub_ids)),
-            pid,
-            state,
-            json.dumps(list(share)) if share else None,
-        ),
-    )
-
-
-def _entry_state(db: sqlite3.Connection, op: Op, offset: float) -> None:
-    _, client_id, seq, pid, state = op
-    db.execute(
-        "UPDATE queue SET packet_id = ?, state = ? WHERE client_id = ? AND seq = ?",
-        (pid, state, client_id, seq),
-    )
-
-
-def _entry_done(db: sqlite3.Connection, op: Op, offset: float) -> None:
-    db.execute("DELETE FROM queue WHERE client_id = ? AND seq = ?", (op[1], op[2]))
+    db.execute("DELETE FROM subscriptions WHERE client_id = ? AND key = ?", op)
 
 
 def _incoming(db: sqlite3.Connection, op: Op, offset: float) -> None:
-    db.execute("INSERT OR IGNORE INTO incoming_qos2 VALUES (?, ?)", (op[1], op[2]))
+    db.execute("INSERT OR IGNORE INTO incoming_qos2 VALUES (?, ?)", op)
 
 
 def _incoming_done(db: sqlite3.Connection, op: Op, offset: float) -> None:
-    db.execute("DELETE FROM incoming_qos2 WHERE client_id = ? AND packet_id = ?", (op[1], op[2]))
-
-
-def _retain(db: sqlite3.Connection, op: Op, offset: float) -> None:
-    _, topic, payload, qos, props, origin, expiry, created = op
-    db.execute(
-        "INSERT OR REPLACE INTO retained VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (topic, payload, qos, props, origin, expiry, created + offset),
-    )
-
-
-def _unretain(db: sqlite3.Connection, op: Op, offset: float) -> None:
-    db.execute("DELETE FROM retained WHERE topic = ?", (op[1],))
-
-
-def _outbox_put(db: sqlite3.Connection, op: Op, offset: float) -> None:
-    db.execute(_OUTBOX_PUT, op[1:])
-
-
-def _outbox_done(db: sqlite3.Connection, op: Op, offset: float) -> None:
-    db.execute(_OUTBOX_DONE, op[1:])
-
-
-def _meta(db: sqlite3.Connection, op: Op, offset: float) -> None:
-    db.execute(_META, op[1:])
+    db.execute("DELETE FROM incoming_qos2 WHERE client_id = ? AND packet_id = ?", op)
 
 
 def _clock_step(db: sqlite3.Connection, op: Op, offset: float) -> None:
-    """The system clock was set ``op[1]`` seconds forward (or back) while the gateway
+    """The system clock was set ``op.step`` seconds forward (or back) while the gateway
     ran: every stored wall-clock time moves with it, in the same order as the writes
     around it, so what was stored before and after the step shares one time frame."""
-    step = op[1]
+    assert isinstance(op, StepClock)
+    step = op.step
     db.execute(
         "UPDATE sessions SET expires_at = expires_at + ?1, will_due = will_due + ?1", (step,)
     )
@@ -729,80 +680,67 @@ _OUTBOX_DONE: Final = "DELETE FROM outbox WHERE bridge = ? AND pos = ?"
 _META: Final = "INSERT OR REPLACE INTO meta VALUES (?, ?)"
 
 
-_APPLY: Final[dict[str, Callable[[sqlite3.Connection, Op, float], None]]] = {
-    "session": _session,
-    "session_end": _session_end,
-    "subscribe": _subscribe,
-    "unsubscribe": _unsubscribe,
-    "message": _message,
-    "message_gone": _message_gone,
-    "entry": _entry,
-    "entry_state": _entry_state,
-    "entry_done": _entry_done,
-    "incoming": _incoming,
-    "incoming_done": _incoming_done,
-    "retain": _retain,
-    "unretain": _unretain,
-    "outbox_put": _outbox_put,
-    "outbox_done": _outbox_done,
-    "meta": _meta,
-    "clock_step": _clock_step,
-}
+def _rows(op: Op, offset: float) -> tuple[Any, ...]:
+    """The SQL parameters of a message-flow operation (``_GROUPED``)."""
+    if isinstance(op, StoreMessage):
+        return (*op[:-1], op.created + offset)
+    if isinstance(op, Retain):
+        return (*op[:-1], op.created + offset)
+    if isinstance(op, AddEntry):
+        return (
+            *op[:5],
+            json.dumps(list(op.sub_ids)),
+            op.packet_id,
+            op.state,
+            json.dumps(list(op.share)) if op.share else None,
+        )
+    if isinstance(op, MoveEntry):
+        return (op.packet_id, op.state, op.client_id, op.seq)
+    return op  # the columns in order; wall-clock times already
 
-#: Operations whose place in the sequence matters beyond their own rows (a session end
-#: deletes every row of a client). A batch holding one is applied op by op.
-_ORDER_SENSITIVE: Final = frozenset(
-    {"session", "session_end", "subscribe", "unsubscribe", "clock_step"}
-)
 
 #: The message-flow operations, grouped per kind and applied with executemany in this
 #: order. Safe: message ids and queue seqs are never reused within a batch, so every
 #: insert of a row precedes its update and its delete.
-_GROUPED: Final = (
-    ("message", "INSERT OR REPLACE INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"),
-    ("entry", "INSERT OR REPLACE INTO queue VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"),
-    ("entry_state", "UPDATE queue SET packet_id = ?, state = ? WHERE client_id = ? AND seq = ?"),
-    ("entry_done", "DELETE FROM queue WHERE client_id = ? AND seq = ?"),
-    ("message_gone", "DELETE FROM messages WHERE id = ?"),
-    ("retain", "INSERT OR REPLACE INTO retained VALUES (?, ?, ?, ?, ?, ?, ?)"),
-    ("unretain", "DELETE FROM retained WHERE topic = ?"),
-    ("outbox_put", _OUTBOX_PUT),
-    ("outbox_done", _OUTBOX_DONE),
-    ("meta", _META),
+_GROUPED: Final[tuple[tuple[type, str], ...]] = (
+    (StoreMessage, "INSERT OR REPLACE INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"),
+    (AddEntry, "INSERT OR REPLACE INTO queue VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"),
+    (MoveEntry, "UPDATE queue SET packet_id = ?, state = ? WHERE client_id = ? AND seq = ?"),
+    (RemoveEntry, "DELETE FROM queue WHERE client_id = ? AND seq = ?"),
+    (ForgetMessage, "DELETE FROM messages WHERE id = ?"),
+    (Retain, "INSERT OR REPLACE INTO retained VALUES (?, ?, ?, ?, ?, ?, ?)"),
+    (Unretain, "DELETE FROM retained WHERE topic = ?"),
+    (PutOutbox, _OUTBOX_PUT),
+    (RemoveOutbox, _OUTBOX_DONE),
+    (SetMeta, _META),
 )
+_SQL: Final = dict(_GROUPED)
 
 
-def _rows(op: Op, offset: float) -> tuple[Any, ...]:
-    kind = op[0]
-    if kind == "message":
-        _, mid, topic, payload, qos, retain, props, origin, expiry, created = op
-        return (mid, topic, payload, qos, retain, props, origin, expiry, created + offset)
-    if kind == "entry":
-        _, client_id, seq, mid, qos, retain, sub_ids, pid, state, share = op
-        return (
-            client_id,
-            seq,
-            mid,
-            qos,
-            retain,
-            json.dumps(list(sub_ids)),
-            pid,
-            state,
-            json.dumps(list(share)) if share else None,
-        )
-    if kind == "entry_state":
-        _, client_id, seq, pid, state = op
-        return (pid, state, client_id, seq)
-    if kind == "entry_done":
-        return (op[1], op[2])
-    if kind == "message_gone":
-        return (op[1],)
-    if kind == "retain":
-        _, topic, payload, qos, props, origin, expiry, created = op
-        return (topic, payload, qos, props, origin, expiry, created + offset)
-    if kind in ("outbox_put", "outbox_done", "meta"):
-        return op[1:]  # wall-clock times already
-    return (op[1],)  # unretain
+def _one(db: sqlite3.Connection, op: Op, offset: float) -> None:
+    db.execute(_SQL[type(op)], _rows(op, offset))
+
+
+_APPLY: Final[dict[type, Callable[[sqlite3.Connection, Op, float], None]]] = {
+    SaveSession: _session,
+    EndSession: _session_end,
+    AddSubscription: _subscribe,
+    RemoveSubscription: _unsubscribe,
+    AddIncoming: _incoming,
+    RemoveIncoming: _incoming_done,
+    StepClock: _clock_step,
+    **dict.fromkeys(_SQL, _one),
+}
+
+#: Operations whose place in the sequence matters beyond their own rows (a session end
+#: deletes every row of a client). A batch holding one is applied op by op.
+_ORDER_SENSITIVE: Final = (
+    SaveSession,
+    EndSession,
+    AddSubscription,
+    RemoveSubscription,
+    StepClock,
+)
 
 
 def _apply_grouped(db: sqlite3.Connection, ops: list[Op], offset: float) -> None:
@@ -810,17 +748,16 @@ def _apply_grouped(db: sqlite3.Connection, ops: list[Op], offset: float) -> None
 
     The incoming-QoS-2 operations keep their relative order among themselves (a packet
     id can be added, released and added again within one batch)."""
-    groups: dict[str, list[tuple[Any, ...]]] = {}
+    groups: dict[type, list[tuple[Any, ...]]] = {}
     incoming: list[Op] = []
     for op in ops:
-        kind = op[0]
-        if kind in ("incoming", "incoming_done"):
+        if isinstance(op, AddIncoming | RemoveIncoming):
             incoming.append(op)
         else:
-            groups.setdefault(kind, []).append(_rows(op, offset))
+            groups.setdefault(type(op), []).append(_rows(op, offset))
     for kind, sql in _GROUPED:
         rows = groups.get(kind)
         if rows:
             db.executemany(sql, rows)
     for op in incoming:
-        _APPLY[op[0]](db, op, offset)
+        _APPLY[type(op)](db, op, offset)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from gateway.broker.connection import State
 from gateway.broker.core import Broker
 from gateway.broker.settings import BrokerSettings
+from gateway.broker.state import State
 from gateway.mqtt import (
     MQTT_5,
     ConnAck,

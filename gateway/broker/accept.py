@@ -1,0 +1,172 @@
+"""The rest of a CONNECT once the client is authenticated: its will, its session (new,
+resumed or taken over), the negotiated limits and the CONNACK (MQTT 5.0 3.1.2 - 3.2).
+
+Reached from ``handle_connect`` at once, or from ``handle_login`` when a password
+check has decided. A refusal is raised as ``closing.Refused``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from gateway.broker import sessions
+from gateway.broker.closing import Refused, fail, schedule_keepalive
+from gateway.broker.context import Context
+from gateway.broker.delivery import pump, resend_inflight
+from gateway.broker.output import send
+from gateway.broker.state import Connection, Session, State
+from gateway.mqtt.errors import MQTTError
+from gateway.mqtt.packets import MQTT_5, ConnAck, Connect, Will
+from gateway.mqtt.properties import EMPTY, Properties
+from gateway.mqtt.reason_codes import ReasonCode
+from gateway.mqtt.wire import VARINT_MAX
+
+log = logging.getLogger("ledge.broker")
+
+
+def accept(
+    ctx: Context, conn: Connection, packet: Connect, username: str | None, now: float
+) -> None:
+    """The rest of CONNECT, once the client is authenticated."""
+    assigned = not packet.client_id
+    settings = ctx.settings
+    version = packet.protocol_version
+    props = packet.properties
+    client_id = conn.client_id
+    policy = conn.policy
+    acl = policy.acl if policy is not None else ctx.acl
+    rules = acl.rules_for(username, client_id) if acl is not None else None
+
+    # -- the will must be publishable
+    will = packet.will
+    if will is not None:
+        problem = _will_problem(ctx, will)
+        if problem is None and rules is not None and not rules.can_write(will.topic):
+            problem = ReasonCode.NOT_AUTHORIZED, f"will on {will.topic!r} not authorized"
+        if problem is not None:
+            raise Refused(problem[1], problem[0])
+
+    if ctx.shutting_down:
+        raise Refused("server shutting down", ReasonCode.SERVER_UNAVAILABLE)
+
+    existing = ctx.sessions.get(client_id)
+    if existing is not None and existing.sink is not None:
+        # In use inside the gateway (a driver, a bridge, the taps): never taken over.
+        raise Refused(
+            f"client identifier {client_id!r} is used inside the gateway",
+            ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+        )
+    takeover = existing is not None and existing.conn is not None
+
+    # -- negotiated limits
+    if version == MQTT_5:
+        conn.peer_receive_max = props.receive_maximum or 65_535
+        conn.peer_max_packet = props.maximum_packet_size
+        conn.peer_alias_max = props.topic_alias_maximum or 0
+        conn.problem_info = props.request_problem_information != 0
+    keep_alive = packet.keep_alive
+    server_keep_alive: int | None = None
+    if version == MQTT_5 and settings.max_keepalive and keep_alive > settings.max_keepalive:
+        server_keep_alive = keep_alive = settings.max_keepalive
+    conn.keep_alive = keep_alive
+
+    # -- session expiry
+    if version == MQTT_5:
+        expiry = props.session_expiry_interval or 0
+    else:
+        expiry = 0 if packet.clean_start else settings.persistent_session_expiry
+    granted_expiry = min(expiry, settings.max_session_expiry_interval)
+
+    # -- session takeover (MQTT-3.1.4-3): the old connection goes first
+    if takeover:
+        assert existing is not None and existing.conn is not None
+        old = existing.conn
+        log.info("client %r reconnected from %s: taking over its session", client_id, conn.peer)
+        fail(ctx, old, MQTTError("session taken over", ReasonCode.SESSION_TAKEN_OVER), now)
+        existing = ctx.sessions.get(client_id)
+
+    # -- session present or new (MQTT-3.1.2-4 .. -6)
+    session_present = False
+    if existing is not None and packet.clean_start:
+        sessions.end(ctx, existing, now)
+        existing = None
+    if existing is not None:
+        session = existing
+        session_present = True
+        sessions.resume(ctx, session)
+    else:
+        session = Session(client_id)
+        ctx.sessions[client_id] = session
+    session.expiry_interval = granted_expiry
+    session.connected_expiry_zero = granted_expiry == 0
+    session.protocol_version = version
+    session.username = username
+    session.listener = conn.listener
+    if session.rules != rules:
+        sessions.apply_rules(ctx, session, rules, now)
+    conn.rules = rules
+    if ctx.journal is not None:
+        ctx.journal.session(session)
+    session.conn = conn
+    conn.session = session
+    conn.will = packet.will
+    conn.state = State.CONNECTED
+    ctx.connected += 1
+    ctx.stats.clients_maximum = max(ctx.stats.clients_maximum, ctx.connected)
+
+    # -- CONNACK
+    ack_props: Properties = EMPTY
+    if version == MQTT_5:
+        values: dict[str, Any] = {}
+        if assigned:
+            values["assigned_client_identifier"] = client_id
+        if granted_expiry != expiry:
+            values["session_expiry_interval"] = granted_expiry
+        if settings.receive_maximum < 65_535:
+            values["receive_maximum"] = settings.receive_maximum
+        if settings.max_packet_size < VARINT_MAX + 5:
+            values["maximum_packet_size"] = settings.max_packet_size
+        if settings.topic_alias_maximum:
+            values["topic_alias_maximum"] = settings.topic_alias_maximum
+        if not settings.retain_available:
+            values["retain_available"] = 0
+        if not settings.wildcard_subscriptions:
+            values["wildcard_subscription_available"] = 0
+        if not settings.subscription_identifiers:
+            values["subscription_identifiers_available"] = 0
+        if not settings.shared_subscriptions:
+            values["shared_subscription_available"] = 0
+        if server_keep_alive is not None:
+            values["server_keep_alive"] = server_keep_alive
+        if props.request_response_information and settings.response_information_prefix:
+            values["response_information"] = settings.response_information_prefix + client_id
+        if values:
+            ack_props = Properties(**values)
+    send(ctx, conn, ConnAck(session_present, ReasonCode.SUCCESS, ack_props))
+    log.info(
+        "client %r connected from %s (MQTT %s, keep alive %d s, session %s)",
+        client_id,
+        conn.peer,
+        "5.0" if version == MQTT_5 else "3.1.1",
+        keep_alive,
+        "resumed" if session_present else "new",
+    )
+    schedule_keepalive(ctx, conn, now)
+    if session_present:
+        resend_inflight(ctx, session, conn, now)
+        pump(ctx, session, now)
+
+
+def _will_problem(ctx: Context, will: Will) -> tuple[int, str] | None:
+    """Why ``will`` can never be published, or None."""
+    if will.retain and not ctx.settings.retain_available:
+        return ReasonCode.RETAIN_NOT_SUPPORTED, "retained wills need retained messages"
+    if will.topic.startswith("$SYS"):
+        return ReasonCode.NOT_AUTHORIZED, "a will may not be published under $SYS"
+    if will.properties.payload_format_indicator == 1:
+        try:
+            will.payload.decode("utf-8")
+        except UnicodeDecodeError:
+            return ReasonCode.PAYLOAD_FORMAT_INVALID, "will payload is not UTF-8"
+    return None
