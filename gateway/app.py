@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 from gateway import __version__
 from gateway.broker.auth import Authenticator, ListenerPolicy
 from gateway.broker.core import Broker
-from gateway.broker.journal import StepClock
 from gateway.net.server import ListenerSpec, Server
 from gateway.runtime import (
     RUNTIME_ENV,
@@ -406,6 +405,9 @@ class Gateway:
             )
             batch_id = 0
             if self.store is not None:
+                # Here: the journal's module is loaded only with a store.
+                from gateway.broker.journal import StepClock
+
                 self._seal()  # what is journaled so far is in the old time frame
                 journal = self.broker.journal
                 assert journal is not None
