@@ -504,6 +504,20 @@ def test_ledge_ble_scan_lists_devices_with_their_decoder(bluez: FakeBlueZ) -> No
     assert 'address = "A4:C1:38:00:00:0A"' in toml.stdout and 'format = "bthome"' in toml.stdout
 
 
+def loaded_modules(code: str) -> str:
+    """What ``code``, run in a fresh interpreter, prints (the modules it lists)."""
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=REPO,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
 def test_a_gateway_without_ble_never_loads_bleak() -> None:
     """The default config's process imports neither bleak, dbus-fast nor cryptography."""
     code = (
@@ -519,16 +533,7 @@ def test_a_gateway_without_ble_never_loads_bleak() -> None:
         "heavy = ('bleak', 'dbus_fast', 'cryptography')\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        cwd=REPO,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    assert loaded_modules(code) == "[]"
 
 
 @pytest.mark.parametrize(
@@ -586,13 +591,4 @@ def test_building_the_command_line_loads_no_ble_decoder() -> None:
         "print(sorted(m for m in sys.modules\n"
         "    if m.startswith('drivers.parsers.ble') or m == 'gateway.broker.journal'))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        cwd=REPO,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    assert loaded_modules(code) == "[]"
