@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from gateway.net.http import HTTPServer
     from gateway.net.http_settings import HTTPSettings
     from gateway.net.mqttsn import MqttSnShell
+    from gateway.sdnotify import Notifier
     from gateway.sensors import SensorHub
     from gateway.store.sqlite import Snapshot, Store
     from gateway.taps import TapPlane
@@ -59,6 +60,12 @@ RELOAD_TIMEOUT = 60.0
 #: clients pauses until the backlog is down to the low mark.
 STORE_BACKLOG_HIGH = 50_000
 STORE_BACKLOG_LOW = 10_000
+
+#: The wall clock is compared with the monotonic clock this often; a difference beyond
+#: CLOCK_STEP seconds means someone set the clock (a Raspberry Pi has no RTC: it boots
+#: with the time of its last shutdown and is set at the first NTP synchronisation).
+CLOCK_CHECK_INTERVAL = 5.0
+CLOCK_STEP = 2.0
 
 
 def setup_logging(level: str) -> None:
@@ -109,10 +116,20 @@ class Gateway:
         self._health_timer: asyncio.TimerHandle | None = None
         self._drops_reported = 0
         self.metrics: Metrics | None = None
+        #: The gateway's wall clock is ``loop.time() + wall_offset``: the system clock at
+        #: start-up, then moving with the monotonic clock, so the times it puts in the
+        #: store and the outboxes keep their distances when the system clock is set.
+        #: When it is, the offset and everything stored move together (_check_clock).
+        self.wall_offset = 0.0
+        self._clock_timer: asyncio.TimerHandle | None = None
+        #: The service manager (systemd), when Ledge runs as a Type=notify service.
+        self.notifier: Notifier | None = None
+        self._watchdog_timer: asyncio.TimerHandle | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         config = self.config
+        self.wall_offset = time.time() - loop.time()
         if config.data_dir is not None:
             os.makedirs(config.data_dir, exist_ok=True)
         self.broker = Broker(
@@ -159,6 +176,8 @@ class Gateway:
                 mqttsn=self.mqttsn.gateway if self.mqttsn is not None else None,
             )
         self._schedule_health(loop)
+        if self.store is not None or self.bridges:
+            self._clock_timer = loop.call_later(CLOCK_CHECK_INTERVAL, self._check_clock)
         self._snapshot = None
         release_free_memory()
         log.info(
@@ -251,6 +270,7 @@ class Gateway:
                 broker=self.broker,
                 sequence=sequence,
                 store=self.store,
+                wall=self.wall,
             )
             if snapshot is not None:
                 bridge.outbox.restore(snapshot.outbox.get(settings.name, ()))
@@ -307,7 +327,7 @@ class Gateway:
         except StoreError as exc:
             raise StartupError(str(exc)) from None
         assert self.broker is not None and self.server is not None
-        restore(self.broker, snapshot, loop.time(), time.time())
+        restore(self.broker, snapshot, loop.time(), loop.time() + self.wall_offset)
         self._snapshot = snapshot  # the bridges take their outboxes from it
         if self.config.bridges:
             from gateway.bridge.sequence import META_KEY, Sequence
@@ -335,8 +355,7 @@ class Gateway:
         batch = self.broker.seal_batch()
         if batch is None:
             return
-        loop = self.server.loop
-        self.store.submit(batch[0], batch[1], time.time() - loop.time())
+        self.store.submit(batch[0], batch[1], self.wall_offset)
         if self.store.backlog > STORE_BACKLOG_HIGH and not self.server.reading_paused:
             log.warning(
                 "store is %d changes behind: pausing reads from clients", self.store.backlog
@@ -381,15 +400,77 @@ class Gateway:
             )
         self.broker.store_full = True
 
+    # ------------------------------------------------------------------ clock
+
+    def wall(self) -> float:
+        """The gateway's wall clock (see ``wall_offset``)."""
+        assert self.server is not None
+        return self.server.loop.time() + self.wall_offset
+
+    def _check_clock(self) -> None:
+        """Follow a step of the system clock: stored and queued wall-clock times move
+        with it, so a session expiry or a message expiry keeps its remaining time (it
+        would otherwise run out at once when the clock jumps forward at the first
+        synchronisation, or last longer after a jump back)."""
+        assert self.server is not None and self.broker is not None
+        loop = self.server.loop
+        step = time.time() - (loop.time() + self.wall_offset)
+        if abs(step) >= CLOCK_STEP:
+            log.warning(
+                "the system clock was set %s by %.1f s: stored times follow it",
+                "forward" if step > 0 else "back",
+                abs(step),
+            )
+            batch_id = 0
+            if self.store is not None:
+                # Here: the journal's module is loaded only with a store.
+                from gateway.broker.journal import StepClock
+
+                self._seal()  # what is journaled so far is in the old time frame
+                journal = self.broker.journal
+                assert journal is not None
+                journal.ops.append(StepClock(step))
+                batch = self.broker.seal_batch()
+                assert batch is not None
+                batch_id = batch[0]
+                self.wall_offset += step
+                self.store.submit(batch[0], batch[1], self.wall_offset)
+            else:
+                self.wall_offset += step
+            for bridge in self.bridges:
+                bridge.outbox.shift_wall(step, batch_id)
+        self._clock_timer = loop.call_later(CLOCK_CHECK_INTERVAL, self._check_clock)
+
+    # ------------------------------------------------------------------ service manager
+
+    def notify_ready(self, notifier: Notifier) -> None:
+        """Start-up finished: tell systemd, and keep its watchdog fed from the event loop
+        (a hung loop stops the keep-alives and systemd restarts the gateway)."""
+        self.notifier = notifier
+        where = ", ".join(f"{host}:{port}" for host, port in self.addresses)
+        notifier.ready(f"serving MQTT on {where}" if where else "running")
+        if notifier.watchdog_interval > 0:
+            self._watchdog()
+
+    def _watchdog(self) -> None:
+        assert self.notifier is not None and self.server is not None
+        self.notifier.watchdog()
+        self._watchdog_timer = self.server.loop.call_later(
+            self.notifier.watchdog_interval, self._watchdog
+        )
+
     def stop(self) -> None:
+        if self.notifier is not None and not self._stop.is_set():
+            self.notifier.stopping()
         self._stop.set()
 
     async def wait(self) -> None:
         await self._stop.wait()
 
     async def close(self) -> None:
-        if self._health_timer is not None:
-            self._health_timer.cancel()
+        for timer in (self._health_timer, self._clock_timer, self._watchdog_timer):
+            if timer is not None:
+                timer.cancel()
         if self.metrics is not None:
             await self.metrics.close()
         if self.sensors is not None:
@@ -407,7 +488,7 @@ class Gateway:
         if store is not None and broker is not None and server is not None:
             batch = broker.seal_batch()
             if batch is not None:
-                store.submit(batch[0], batch[1], time.time() - server.loop.time())
+                store.submit(batch[0], batch[1], self.wall_offset)
             # Commits what is queued, checkpoints the WAL and closes the file.
             await asyncio.get_running_loop().run_in_executor(None, store.close)
 
@@ -424,7 +505,17 @@ class Gateway:
         if self._reloading is not None and not self._reloading.done():
             log.info("SIGHUP ignored: a reload is already running")
             return
-        self._reloading = asyncio.get_running_loop().create_task(self._reload())
+        self._reloading = asyncio.get_running_loop().create_task(self._reload_notifying())
+
+    async def _reload_notifying(self) -> None:
+        notifier = self.notifier
+        if notifier is not None:
+            notifier.reloading()
+        try:
+            await self._reload()
+        finally:
+            if notifier is not None and not self._stop.is_set():
+                notifier.ready("configuration reloaded")
 
     async def _reload(self) -> None:
         path = self.config.config_path
@@ -572,11 +663,19 @@ async def run(config: RuntimeConfig, ready: Callable[[Gateway], None] | None = N
     """Run until SIGTERM/SIGINT; returns the process exit code."""
     gateway = Gateway(config)
     loop = asyncio.get_running_loop()
+    notifier = None
+    if "NOTIFY_SOCKET" in os.environ:
+        # Imported here: only a gateway started by systemd (Type=notify) loads it.
+        from gateway.sdnotify import Notifier
+
+        notifier = Notifier.from_environ(os.environ)
     # Handlers first: a signal that arrives while listeners open is handled, not fatal.
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, gateway.stop)
     loop.add_signal_handler(signal.SIGHUP, gateway.reload)
     await gateway.start()
+    if notifier is not None:
+        gateway.notify_ready(notifier)
     if ready is not None:
         ready(gateway)
     try:

@@ -68,3 +68,34 @@ def spark() -> Iterator[SparkSession]:
     session = build("local[2]", app_name="ledge-tests", fast_jvm=True)
     yield session
     session.stop()
+
+
+# ---------------------------------------------------------------------- the SD-card image
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Image tests run last: the image builds in the background meanwhile."""
+    items.sort(key=lambda item: item.get_closest_marker("image") is not None)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if any(item.get_closest_marker("image") for item in session.items):
+        from tests.support import imagebuild
+
+        imagebuild.start()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from tests.support import imagebuild
+
+    imagebuild.stop()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    from tests.support import imagebuild
+
+    lines = imagebuild.summary()
+    if lines:
+        terminalreporter.section("SD-card image")
+        for line in lines:
+            terminalreporter.write_line(line)

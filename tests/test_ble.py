@@ -606,6 +606,20 @@ def test_ledge_ble_scan_lists_devices_with_their_decoder(bluez: FakeBlueZ) -> No
     assert 'address = "A4:C1:38:00:00:0A"' in toml.stdout and 'format = "bthome"' in toml.stdout
 
 
+def loaded_modules(code: str) -> str:
+    """What ``code``, run in a fresh interpreter, prints (the modules it lists)."""
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=REPO,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
 def test_a_gateway_without_ble_never_loads_bleak() -> None:
     """The default config's process imports neither bleak, dbus-fast nor cryptography."""
     code = (
@@ -621,16 +635,7 @@ def test_a_gateway_without_ble_never_loads_bleak() -> None:
         "heavy = ('bleak', 'dbus_fast', 'cryptography')\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        cwd=REPO,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    assert loaded_modules(code) == "[]"
 
 
 @pytest.mark.parametrize(
@@ -668,3 +673,24 @@ def test_ble_config_errors_name_key_path_and_line(config: str, expected: str) ->
     with pytest.raises(ConfigError) as info:
         parse_config(config, "t.toml")
     assert re.search(expected, str(info.value)), str(info.value)
+
+
+def test_building_the_command_line_loads_no_ble_decoder() -> None:
+    """``ledge run`` builds the whole parser, ``ble scan`` included: the decoders (and
+    the journal's operations, needed only with a store) stay unloaded on the default
+    config, which keeps its idle memory."""
+    code = (
+        "import asyncio, sys\n"
+        "from gateway.cli import build_parser\n"
+        "from gateway.config import Config, Overrides\n"
+        "from gateway.app import Gateway\n"
+        "build_parser()\n"
+        "async def main():\n"
+        "    gw = Gateway(Overrides(listen=(('127.0.0.1', 0),)).apply(Config()).to_runtime())\n"
+        "    await gw.start()\n"
+        "    await gw.close()\n"
+        "asyncio.run(main())\n"
+        "print(sorted(m for m in sys.modules\n"
+        "    if m.startswith('drivers.parsers.ble') or m == 'gateway.broker.journal'))\n"
+    )
+    assert loaded_modules(code) == "[]"

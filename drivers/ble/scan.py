@@ -7,11 +7,14 @@ import argparse
 import asyncio
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from drivers.parsers.ble import FORMATS, Format, decode_advert, recognise
-from drivers.parsers.ble.base import AdvertError, Context, Decoded, short_uuid
-from drivers.parsers.ble.ccm import Cipher, parse_key
+if TYPE_CHECKING:
+    from drivers.parsers.ble import Format
+    from drivers.parsers.ble.base import Context
+    from drivers.parsers.ble.ccm import Cipher
+
+# The decoders are imported by the command only: ``ledge run`` builds this parser too.
 
 
 @dataclass
@@ -56,6 +59,10 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from drivers.parsers.ble import recognise
+    from drivers.parsers.ble.base import Context
+    from drivers.parsers.ble.ccm import Cipher, parse_key
+
     keys: dict[str, Cipher] = {}
     for item in args.bindkey:
         address, sep, key = item.partition("=")
@@ -106,6 +113,9 @@ async def scan(adapter: str, seconds: float) -> dict[str, Seen]:
 
 
 def describe(fmt: Format | None, dev: Seen, ctx: Context) -> str:
+    from drivers.parsers.ble import decode_advert
+    from drivers.parsers.ble.base import AdvertError, Decoded, short_uuid
+
     if fmt is None:
         parts = [f"svc {short_uuid(u)}={d.hex()}" for u, d in dev.service_data.items()]
         parts += [f"mfr 0x{c:04x}={d.hex()}" for c, d in dev.manufacturer_data.items()]
@@ -157,4 +167,4 @@ def toml(rows: list[tuple[Seen, Format | None, str]]) -> str:
     return "\n".join(out)
 
 
-__all__ = ["FORMATS", "add_parser", "run"]
+__all__ = ["add_parser", "run"]

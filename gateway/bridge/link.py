@@ -71,6 +71,8 @@ from gateway.mqtt.properties import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from gateway.store.sqlite import Store
 
 log = logging.getLogger("ledge.bridge")
@@ -152,8 +154,12 @@ class Bridge:
         broker: Broker,
         sequence: Sequence,
         store: Store | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
+        #: The wall clock of outbox times: the gateway's, which follows a step of the
+        #: system clock together with the outbox (``Outbox.shift_wall``).
+        self.wall = wall
         self.name = settings.name
         self.gateway = gateway
         self.broker = broker
@@ -302,7 +308,7 @@ class Bridge:
                 )
             self.stats.loops += 1
             return
-        wall = time.time()
+        wall = self.wall()
         journal = self.broker.journal
         bypass = mapped.qos == 0 and settings.qos0 == "bypass"
         if bypass and (self.state != "connected" or len(self._bypass) >= BYPASS_QUEUE):
@@ -485,7 +491,7 @@ class Bridge:
                 self._slot.clear()
                 await self._slot.wait()
                 continue
-            entry = outbox.next_ready(time.time())
+            entry = outbox.next_ready(self.wall())
             if entry is None:
                 self._wake.clear()
                 self.broker.wake()  # store what the outbox changed (expired entries)
@@ -533,7 +539,7 @@ class Bridge:
         if entry.properties:
             props, _ = decode_properties(entry.properties, 0, len(entry.properties), Where.PUBLISH)
         if entry.expires is not None:
-            remaining = min(0xFFFF_FFFF, max(1, math.ceil(entry.expires - time.time())))
+            remaining = min(0xFFFF_FFFF, max(1, math.ceil(entry.expires - self.wall())))
             props = props.with_(message_expiry_interval=remaining)
         if add_mark:
             props = props.with_(
@@ -581,6 +587,7 @@ class Bridge:
             return
         store = self.store
         first, count = request
+        steps = self.outbox.wall_steps
 
         def read() -> list[Entry]:
             rows = store.read_outbox(self.name, first, count)
@@ -596,7 +603,12 @@ class Bridge:
                 self.outbox.refilling = False
                 log.exception("bridge %s: cannot read the outbox from the store", self.name)
                 return
-            self.outbox.refilled(rows)
+            if self.outbox.wall_steps != steps:
+                # The clock was set while the page was read: its times may be in the
+                # old frame. Read it again (after the store has moved them).
+                self.outbox.refilling = False
+            else:
+                self.outbox.refilled(rows)
             self._wake.set()
 
         task = asyncio.get_running_loop().create_task(load(), name=f"bridge {self.name} outbox")
@@ -690,7 +702,7 @@ class Bridge:
             base + "dropped/loops": str(bs.loops),
             base + "refused": str(st.refused),
             base + "received": str(bs.received),
-            base + "oldest message age": f"{o.oldest_age(time.time()):.1f}",
+            base + "oldest message age": f"{o.oldest_age(self.wall()):.1f}",
             base + "connects": str(bs.connects),
         }
 

@@ -96,6 +96,11 @@ class Outbox:
         self.bytes = 0
         self.next_pos = 1
         self.committed = 0  # highest store batch known committed
+        #: Steps of the wall clock followed so far, and the store batch that moves the
+        #: stored times with the last one: pages are read from disk only once it is
+        #: committed, so what is read is in the current time frame.
+        self.wall_steps = 0
+        self._step_batch = 0
         self.stats = OutboxStats()
 
     # ------------------------------------------------------------------ state
@@ -121,6 +126,19 @@ class Outbox:
         if self.spilled:
             return max(0.0, wall_now - self._spill_created[self._spill_start])
         return 0.0
+
+    def shift_wall(self, step: float, batch: int) -> None:
+        """The wall clock was set ``step`` seconds forward (or back): the times of the
+        entries move with it, so their age and remaining expiry stay what they were.
+        ``batch`` is the store batch moving the stored times (0: no store)."""
+        for entry in self.mem:
+            entry.created += step
+            if entry.expires is not None:
+                entry.expires += step
+        for i in range(self._spill_start, len(self._spill_created)):
+            self._spill_created[i] += step
+        self.wall_steps += 1
+        self._step_batch = max(self._step_batch, batch)
 
     def would_overflow(self, size: int) -> bool:
         s = self.settings
@@ -270,6 +288,7 @@ class Outbox:
         A page holds at most half of ``memory_bytes``."""
         if (
             self.refilling
+            or self._step_batch > self.committed
             or not self.spilled
             or len(self.mem) - self.cursor >= REFILL_BELOW
             or self.mem_bytes >= self.settings.memory_bytes

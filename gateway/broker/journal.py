@@ -161,6 +161,13 @@ class SetMeta(NamedTuple):
     value: str
 
 
+class StepClock(NamedTuple):
+    """The system clock was set ``step`` seconds forward (or back): every wall-clock
+    time in the store moves with it."""
+
+    step: float
+
+
 #: One operation for the store (see gateway.store.sqlite for what each one writes).
 Op = (
     SaveSession
@@ -179,6 +186,7 @@ Op = (
     | PutOutbox
     | RemoveOutbox
     | SetMeta
+    | StepClock
 )
 
 

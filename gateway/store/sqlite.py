@@ -46,6 +46,7 @@ from gateway.broker.journal import (
     Retain,
     SaveSession,
     SetMeta,
+    StepClock,
     StoreMessage,
     Unretain,
 )
@@ -660,6 +661,20 @@ def _incoming_done(db: sqlite3.Connection, op: Op, offset: float) -> None:
     db.execute("DELETE FROM incoming_qos2 WHERE client_id = ? AND packet_id = ?", op)
 
 
+def _clock_step(db: sqlite3.Connection, op: Op, offset: float) -> None:
+    """The system clock was set ``op.step`` seconds forward (or back) while the gateway
+    ran: every stored wall-clock time moves with it, in the same order as the writes
+    around it, so what was stored before and after the step shares one time frame."""
+    assert isinstance(op, StepClock)
+    step = op.step
+    db.execute(
+        "UPDATE sessions SET expires_at = expires_at + ?1, will_due = will_due + ?1", (step,)
+    )
+    for table in ("messages", "retained"):
+        db.execute(f"UPDATE {table} SET created = created + ?", (step,))
+    db.execute("UPDATE outbox SET created = created + ?1, expires = expires + ?1", (step,))
+
+
 _OUTBOX_PUT: Final = "INSERT OR REPLACE INTO outbox VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 _OUTBOX_DONE: Final = "DELETE FROM outbox WHERE bridge = ? AND pos = ?"
 _META: Final = "INSERT OR REPLACE INTO meta VALUES (?, ?)"
@@ -713,12 +728,19 @@ _APPLY: Final[dict[type, Callable[[sqlite3.Connection, Op, float], None]]] = {
     RemoveSubscription: _unsubscribe,
     AddIncoming: _incoming,
     RemoveIncoming: _incoming_done,
+    StepClock: _clock_step,
     **dict.fromkeys(_SQL, _one),
 }
 
 #: Operations whose place in the sequence matters beyond their own rows (a session end
 #: deletes every row of a client). A batch holding one is applied op by op.
-_ORDER_SENSITIVE: Final = (SaveSession, EndSession, AddSubscription, RemoveSubscription)
+_ORDER_SENSITIVE: Final = (
+    SaveSession,
+    EndSession,
+    AddSubscription,
+    RemoveSubscription,
+    StepClock,
+)
 
 
 def _apply_grouped(db: sqlite3.Connection, ops: list[Op], offset: float) -> None:

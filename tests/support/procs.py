@@ -44,7 +44,12 @@ class LedgeProcess:
     ``ports`` lists their ports in the order they were opened."""
 
     def __init__(
-        self, *args: str, config: Path | None = None, port: int = 0, listen: bool = True
+        self,
+        *args: str,
+        config: Path | None = None,
+        port: int = 0,
+        listen: bool = True,
+        env: dict[str, str] | None = None,
     ) -> None:
         cmd = [sys.executable, "-m", "gateway", "run"]
         if listen:
@@ -53,6 +58,7 @@ class LedgeProcess:
             cmd += ["--config", str(config)]
         cmd += list(args)
         self.cmd = cmd
+        self.env = env or {}
         self.lines: list[str] = []
         self.port = 0
         self.ports: list[int] = []
@@ -61,7 +67,7 @@ class LedgeProcess:
         self._terminated = False
 
     def start(self, timeout: float = 15.0, listeners: int = 1) -> LedgeProcess:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         self.proc = subprocess.Popen(
             self.cmd,
             cwd=REPO,

@@ -1,0 +1,288 @@
+"""The SD-card image: built by ``image/build`` (in the background, see
+``tests/support/imagebuild.py``), flashed onto a file standing for a card bigger than the
+image, configured by writing its boot partition with mtools as a user would on a laptop,
+booted twice in QEMU (arm64 virt, TCG) and checked only from outside: MQTT and SSH on
+forwarded loopback ports, the boot partition read back after power-off.
+
+The tests are steps of one device's life and run in order: first boot with a config and
+no SSH key; a QoS 1 message acknowledged just before the plug is pulled; a second boot
+with a key and a broken config.
+
+``scripts/test -m "not image"`` leaves them out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support import imagebuild
+from tests.support.clients import Paho
+from tests.support.vm import SdCard, Vm, mqtt_answers, ssh_keypair
+from tests.support.wait import wait_for
+
+pytestmark = [pytest.mark.image, pytest.mark.timeout(3600)]
+
+#: The build runs in the background from the start of the run; the first image test
+#: waits for it at most this long.
+BUILD_TIMEOUT = 45 * 60
+#: Power-on to CONNACK under TCG (about 1.5 minutes here with a moderate load, 4-5 with a
+#: heavy one).
+BOOT_TIMEOUT = 600.0
+CARD_EXTRA_MIB = 512
+
+GATEWAY_ID = "gw-image-test"
+HOSTNAME = "gw-hall-3"
+MQTT_PORT = 2883  # not the default 1883: proves the boot partition's ledge.toml applies
+CONFIG = f"""\
+[[listeners]]
+host = "0.0.0.0"
+port = {MQTT_PORT}
+
+[gateway]
+id = "{GATEWAY_ID}"
+health_interval = 2
+"""
+BROKEN_CONFIG = CONFIG.replace(f"port = {MQTT_PORT}", "port = 70000")
+WIFI = 'country=DE\nnetwork={\n    ssid="plant-floor"\n    psk="not-a-real-secret"\n}\n'
+
+
+@dataclass
+class Device:
+    card: SdCard
+    vm: Vm
+    key: Path
+    public_key: str
+    root_bytes: int  # the root partition as built
+
+
+@pytest.fixture(scope="module")
+def device(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Device]:
+    xz = imagebuild.wait(BUILD_TIMEOUT)
+    work = tmp_path_factory.mktemp("sdcard")
+    card = SdCard.flash(xz, work / "card.img")
+    size = card.path.stat().st_size
+    os.truncate(card.path, size + CARD_EXTRA_MIB * 1024 * 1024)  # a bigger card
+    root_bytes = card.partitions()[1]["size"]
+    # What a user writes on the boot partition before the first boot: a config, a
+    # host name (with a Windows line end), no SSH key yet.
+    card.boot.write("ledge.toml", CONFIG)
+    card.boot.write("hostname", f"{HOSTNAME}\r\n")
+    key, public = ssh_keypair(work)
+    vm = Vm(card, work, {"mqtt": MQTT_PORT, "default": 1883, "ssh": 22})
+    with vm:
+        yield Device(card, vm, key, public, root_bytes)
+
+
+def banner(port: int, timeout: float = 10.0) -> bytes:
+    """What a TCP server on the forwarded ``port`` says first (b"" if it closes)."""
+    with socket.create_connection(("127.0.0.1", port), timeout) as sock:
+        sock.settimeout(timeout)
+        try:
+            return sock.recv(64)
+        except (TimeoutError, ConnectionResetError):
+            return b""
+
+
+# ---------------------------------------------------------------------- first boot
+
+
+def test_first_boot_serves_mqtt_on_the_port_of_the_boot_partitions_config(
+    device: Device,
+) -> None:
+    vm = device.vm
+    vm.start()
+    seconds = vm.wait_connack("mqtt", BOOT_TIMEOUT)
+    imagebuild.REPORT["first boot: power-on to CONNACK"] = f"{seconds:.1f} s"
+    # The embedded default (1883) is not what runs.
+    assert not mqtt_answers(vm.port("default"))
+
+
+def test_the_gateway_id_is_in_its_health_topic(device: Device) -> None:
+    watcher = Paho(device.vm.port("mqtt"), "health-watch").connect()
+    try:
+        watcher.subscribe("ledge/+/health", 1)
+        [health] = watcher.wait_messages(1, 30)[:1]
+        assert health.topic == f"ledge/{GATEWAY_ID}/health"
+        assert json.loads(health.payload)["uptime"] > 0
+    finally:
+        watcher.disconnect()
+
+
+def test_the_host_name_applies_and_without_a_key_there_is_no_ssh(device: Device) -> None:
+    vm = device.vm
+    # The serial console's login prompt: the system is up, under the boot partition's name.
+    vm.wait_console(rf"{HOSTNAME} login:", BOOT_TIMEOUT)
+    said = banner(vm.port("ssh"))
+    assert not said.startswith(b"SSH-"), f"an SSH server answered: {said!r}"
+
+
+def test_a_message_acknowledged_just_before_power_loss_is_kept(device: Device) -> None:
+    port = device.vm.port("mqtt")
+    keeper = Paho(port, "keeper").connect(clean=False, session_expiry=86400)
+    keeper.subscribe("plant/#", 1)
+    keeper.disconnect()
+    producer = Paho(port, "producer").connect()
+    producer.publish("plant/boiler", b"acknowledged-then-unplugged", 1)  # waits for PUBACK
+    device.vm.power_off()  # at once: no shutdown, no sync
+    producer.kill()
+
+
+# ---------------------------------------------------------------------- second boot
+
+
+def test_second_boot_delivers_it_while_a_broken_config_is_refused(device: Device) -> None:
+    # On the laptop: a key, Wi-Fi, and a config with a mistake in it.
+    boot = device.card.boot
+    boot.write("authorized_keys", device.public_key + "\n")
+    boot.write("wpa_supplicant.conf", WIFI)
+    boot.write("ledge.toml", BROKEN_CONFIG)
+    vm = device.vm
+    vm.start()
+    # The previous config keeps serving, on its port.
+    seconds = vm.wait_connack("mqtt", BOOT_TIMEOUT)
+    imagebuild.REPORT["second boot: power-on to CONNACK"] = f"{seconds:.1f} s"
+    keeper = Paho(vm.port("mqtt"), "keeper").connect(clean=False, session_expiry=86400)
+    try:
+        assert keeper.session_present
+        [message] = keeper.wait_messages(1, 30)
+        assert (message.topic, message.payload) == ("plant/boiler", b"acknowledged-then-unplugged")
+    finally:
+        keeper.disconnect()
+
+
+def test_ssh_takes_the_key_and_refuses_passwords(device: Device) -> None:
+    vm = device.vm
+    started = time.monotonic()
+
+    def logged_in() -> bool:
+        return vm.ssh(device.key, "id -un", timeout=60, check=False).stdout.strip() == "root"
+
+    wait_for(logged_in, BOOT_TIMEOUT, "SSH login with the key")
+    imagebuild.REPORT["second boot: SSH login after CONNACK"] = (
+        f"{time.monotonic() - started:.1f} s"
+    )
+    no_key = ["-o", "PubkeyAuthentication=no"]
+    methods = ["-o", "PreferredAuthentications=password,keyboard-interactive"]
+    password = subprocess.run(
+        [*vm.ssh_argv(device.key), *no_key, *methods, "true"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert password.returncode == 255
+    # The server offers nothing but public keys.
+    assert "Permission denied (publickey)" in password.stderr
+    assert vm.ssh(device.key, "passwd -S root").stdout.split()[1] == "L"
+
+
+def test_the_refused_config_is_explained_on_the_boot_partition_and_in_the_log(
+    device: Device,
+) -> None:
+    vm, key = device.vm, device.key
+    error = vm.ssh(key, "cat /boot/firmware/ledge-config-error.txt").stdout
+    assert "ledge.toml was not applied" in error
+    assert "listeners[0].port (line 3): Input should be less than or equal to 65535" in error
+    assert "keeps running on its previous configuration" in error
+    log = vm.ssh(key, "journalctl -b -u ledge-boot-config --no-pager").stdout
+    assert "ledge.toml on the boot partition NOT applied" in log
+    assert "65535" in log
+    # What runs is the config applied at the first boot.
+    assert f"port = {MQTT_PORT}" in vm.ssh(key, "cat /etc/ledge/ledge.toml").stdout
+
+
+def test_the_device_is_set_up_as_an_appliance(device: Device) -> None:
+    vm, key = device.vm, device.key
+
+    def run(command: str) -> str:
+        return vm.ssh(key, command).stdout.strip()
+
+    show = dict(
+        line.split("=", 1)
+        for line in run(
+            "systemctl show ledge -p Type -p User -p ActiveState -p WatchdogUSec "
+            "-p ProtectSystem -p NoNewPrivileges -p PrivateTmp -p RestrictAddressFamilies"
+        ).splitlines()
+    )
+    assert show["Type"] == "notify"
+    assert show["ActiveState"] == "active"
+    assert show["User"] == "ledge"
+    assert show["WatchdogUSec"] == "30s"
+    assert show["ProtectSystem"] == "strict"
+    assert show["NoNewPrivileges"] == "yes"
+    assert show["PrivateTmp"] == "yes"
+    families = set(show["RestrictAddressFamilies"].split())
+    assert families == {"AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK"}
+    assert run("ps -o user= -p $(systemctl show -p MainPID --value ledge)") == "ledge"
+    assert run("hostname") == HOSTNAME
+    assert "noatime" in run("findmnt -no OPTIONS /").split(",")
+    assert run("swapon --noheadings --show") == ""
+    assert run("findmnt -no FSTYPE /tmp") == "tmpfs"
+    # The journal is in RAM, and nothing of it on the card.
+    assert run("journalctl --header | grep -m1 '^File path:'").startswith(
+        "File path: /run/log/journal/"
+    )
+    assert run("find /var/log/journal -type f | wc -l") == "0"
+    assert run("systemctl is-active systemd-timesyncd") == "active"
+    assert run("stat -c %a /etc/wpa_supplicant/wpa_supplicant-wlan0.conf") == "600"
+    assert run("cat /etc/wpa_supplicant/wpa_supplicant-wlan0.conf") == WIFI.strip()
+    # The root filesystem grew to the end of the bigger card.
+    size = int(run("df -B1 --output=size / | tail -1"))
+    assert size > device.root_bytes + (CARD_EXTRA_MIB - 64) * 1024 * 1024
+
+
+def test_a_hung_gateway_is_restarted_by_the_watchdog(device: Device) -> None:
+    vm, key = device.vm, device.key
+    timeout = 30  # the unit's WatchdogSec
+
+    def service() -> dict[str, str]:
+        out = vm.ssh(
+            key,
+            "systemctl show -p MainPID -p NRestarts -p ActiveState "
+            "-p ActiveEnterTimestampMonotonic ledge; echo Uptime=$(cut -d' ' -f1 /proc/uptime)",
+            check=False,
+        ).stdout
+        return dict(line.split("=", 1) for line in out.split())
+
+    def up_for() -> float:
+        now = service()
+        return float(now["Uptime"]) - int(now["ActiveEnterTimestampMonotonic"]) / 1e6
+
+    # Fed by the running gateway, the watchdog has not fired: two timeouts have passed
+    # (since the second boot, usually) without a restart.
+    wait_for(lambda: up_for() > 2 * timeout, 3 * timeout, "two watchdog timeouts of uptime")
+    before = service()
+    assert before["NRestarts"] == "0" and before["ActiveState"] == "active", before
+    pid = before["MainPID"]
+    vm.ssh(key, f"kill -STOP {pid}")  # hung: the event loop stops
+
+    def restarted() -> bool:
+        now = service()
+        return (
+            now.get("MainPID") not in (pid, "0", None)
+            and now.get("ActiveState") == "active"
+            and int(now.get("NRestarts", "0")) >= 1
+        )
+
+    wait_for(restarted, 300, "systemd to restart the frozen gateway")
+    log = vm.ssh(key, "journalctl -b -u ledge --no-pager").stdout
+    assert "Watchdog timeout" in log
+    vm.wait_connack("mqtt", 300)
+
+
+def test_after_power_off_the_card_tells_the_user(device: Device) -> None:
+    device.vm.power_off()
+    card = device.card
+    error = card.boot.read("ledge-config-error.txt")
+    assert error is not None and b"listeners[0].port" in error
+    _, root = card.partitions()
+    assert root["start"] + root["size"] == card.path.stat().st_size  # grown to the end
