@@ -77,11 +77,17 @@ class BrokerSettings:
     max_session_expiry_interval: int = option(NEVER_EXPIRES, reload=True, ge=0, le=NEVER_EXPIRES)
     persistent_session_expiry: int = option(NEVER_EXPIRES, reload=True, ge=0, le=NEVER_EXPIRES)
     allow_zero_length_client_id: bool = option(True, reload=True)
+    #: MQTT 3.1 limits a client identifier to 23 characters (3.1 section 3.1);
+    #: Mosquitto accepts longer ones (65535 does the same).
+    mqtt31_max_client_id: int = option(23, reload=True, ge=1, le=65535)
     assigned_client_id_prefix: str = option("ledge-", reload=True)
     deny_subscriptions: tuple[str, ...] = option((), reload=True)
     deny_subscription_reason: Literal["unspecified_error", "not_authorized"] = option(
         "unspecified_error", reload=True
     )
+    #: A SUBSCRIBE under which the ACL lets nothing be read: refused (SUBACK 0x87, 3.1.1
+    #: 0x80) or, Mosquitto's way, granted with deliveries filtered by the ACL.
+    acl_denied_subscribe: Literal["refuse", "grant"] = option("refuse", reload=True)
     sys_interval: float = option(10.0, ge=0)
     response_information_prefix: str = option("response/", reload=True)
     max_outbound_bytes: int = option(1024 * 1024, ge=1024)
