@@ -421,3 +421,24 @@ def test_unpublishable_will_refused_at_connect(
     if v3_code is not None:
         c3 = h.client(MQTT_311)
         assert c3.connect("w3", will=will).reason_code == v3_code
+
+
+@pytest.mark.parametrize(("asked", "has_reason"), [(None, True), (1, True), (0, False)])
+def test_reason_strings_follow_request_problem_information(
+    asked: int | None, has_reason: bool
+) -> None:
+    """MQTT 5.0 3.1.2.11.7: a client that sets Request Problem Information to 0 gets no
+    reason strings, on its DISCONNECT and on a refusing CONNACK alike."""
+    h = Harness()
+    c = h.client()
+    props = {} if asked is None else {"request_problem_information": asked}
+    c.connect("c", **props)
+    c.send(Auth())  # AUTH without an authentication method: a protocol error
+    disconnect = c.expect(Disconnect)
+    assert disconnect.reason_code == ReasonCode.PROTOCOL_ERROR
+    assert (disconnect.properties.reason_string is not None) is has_reason
+    refused = Harness(allow_zero_length_client_id=False).client()
+    refused.send(Connect("", MQTT_5, properties=Properties(**props)))
+    ack = refused.expect(ConnAck)
+    assert ack.reason_code == ReasonCode.CLIENT_IDENTIFIER_NOT_VALID
+    assert (ack.properties.reason_string is not None) is has_reason
