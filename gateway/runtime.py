@@ -299,10 +299,9 @@ def build_authenticator(
             raise ConfigError(
                 str(password_file), [f"auth.password_file: cannot read: {exc.strerror or exc}"]
             ) from None
-        try:
-            users = parse_password_file(text)
-        except PasswordFileError as exc:
-            raise ConfigError(str(password_file), [f"auth.password_file: {exc}"]) from None
+        # Lines that cannot be read are skipped (those users cannot log in) and named
+        # by ``file_warnings``; the rest of the file serves.
+        users = parse_password_file(text)
     return PasswordAuthenticator(allow_anonymous, users)
 
 
@@ -352,7 +351,8 @@ def listener_label(listener: ListenerSettings, index: int) -> str:
 
 def file_warnings(config: RuntimeConfig) -> list[str]:
     """Secrets readable by others: password files, ACL files and TLS keys that the
-    group or everyone may read (mosquitto warns the same way)."""
+    group or everyone may read (mosquitto warns the same way); and every password file
+    line that is skipped because it cannot be read, by file and line number."""
     import stat
 
     files: dict[str, str] = {}
@@ -375,4 +375,20 @@ def file_warnings(config: RuntimeConfig) -> list[str]:
                 f"{kind} {path} can be read by its group or others (mode "
                 f"{stat.S_IMODE(mode):04o}): chmod 600 it"
             )
+        if kind == "password file":
+            warnings.extend(
+                f"password file {path} {problem}: line skipped, that user cannot log in"
+                for problem in password_file_problems(path)
+            )
     return warnings
+
+
+def password_file_problems(path: str | Path) -> list[PasswordFileError]:
+    """The lines of a password file that are skipped (an unreadable file: none here;
+    reading it fails where it is loaded)."""
+    skipped: list[PasswordFileError] = []
+    try:
+        parse_password_file(Path(path).read_text(encoding="utf-8"), skipped)
+    except (OSError, UnicodeDecodeError):
+        return []
+    return skipped
