@@ -24,7 +24,7 @@ from gateway.broker.auth import (
     PasswordFileError,
     parse_password_file,
 )
-from gateway.broker.settings import BrokerSettings, option
+from gateway.broker.settings import DAY, INT31, MAX_SLOTS, BrokerSettings, option
 from gateway.store.settings import StoreSettings
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ class ListenerSettings:
     name: str = option("")
     type: Literal["tcp", "tls", "websocket", "websocket-tls"] = option("tcp")
     path: str = option("/mqtt", reload=True)
-    max_connections: int = option(0, reload=True, ge=0)
+    max_connections: int = option(0, reload=True, ge=0, le=MAX_SLOTS)
     #: None in the file means ``[auth]``'s; the validator fills it in (``resolved``).
     allow_anonymous: bool | None = option(None, reload=True)
     password_file: str | None = option(None, reload=True)
@@ -110,7 +110,7 @@ def default_gateway_id() -> str:
 class GatewaySettings:
     id: str = option(factory=default_gateway_id)
     #: Seconds between <prefix>/<gateway>/health reports; 0: none.
-    health_interval: float = option(60.0, ge=0)
+    health_interval: float = option(60.0, ge=0, le=DAY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,8 +131,8 @@ class HomeAssistantSettings:
 class FieldSettings:
     quantity: str = option(min_length=1)
     unit: str | None = option(None)
-    scale: float = option(1.0)
-    offset: float = option(0.0)
+    scale: float = option(1.0, allow_inf_nan=False)
+    offset: float = option(0.0, allow_inf_nan=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +140,7 @@ class SerialSettings:
     name: str = option(min_length=1)
     path: str = option(min_length=1)
     protocol: Literal["nmea", "jsonl", "kv"] = option("jsonl")
-    baudrate: int = option(9600, gt=0)
+    baudrate: int = option(9600, gt=0, le=INT31)
     bytesize: Literal[5, 6, 7, 8] = option(8)
     parity: Literal["none", "even", "odd", "mark", "space"] = option("none")
     stopbits: float = option(1)
@@ -154,7 +154,7 @@ class SerialSettings:
 @dataclass(frozen=True, slots=True)
 class TapSettings:
     module: str | None = option(None)
-    queue_size: int = option(1000, ge=1)
+    queue_size: int = option(1000, ge=1, le=INT31)
 
 
 @dataclass(frozen=True, slots=True)
