@@ -38,7 +38,6 @@ from tests.support.procs import LedgeProcess
 from tests.support.raw import Raw
 from tests.support.wait import wait_for
 
-
 OPEN: list[Raw] = []
 
 
