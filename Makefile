@@ -1,9 +1,9 @@
 # Convenience targets; each sets up what it needs first (scripts/setup).
 ITERATIONS ?= 200
-ROWS ?= 1000000
+PIPELINE_LINES ?= 250000 1000000 4000000
 FUZZ_SECONDS ?= 600
 
-.PHONY: run test bench bench-quick bench-serial bench-bridge crash-test pipeline-bench fuzz
+.PHONY: run test bench bench-quick bench-serial bench-ble bench-bridge bench-mqttsn crash-test pipeline-bench fuzz
 
 run:            ## start the gateway on the embedded default config
 	scripts/run
@@ -25,13 +25,21 @@ bench-serial:   ## sustained line rate of one serial device (a pty) into Ledge, 
 	scripts/setup --test
 	.venv/bin/python -m bench.serial
 
+bench-ble:      ## BLE decoders beside the PyPI reference decoders; 50 devices end to end through bleak and a fake BlueZ
+	scripts/setup --test
+	.venv/bin/python -m bench.ble
+
 bench-bridge:   ## the bridge's outbox during an outage and its replay to Mosquitto (100,000 messages)
 	scripts/setup --test
 	.venv/bin/python -m bench.bridge
 
-pipeline-bench: ## pipeline silver and gold rows/s over 1M generated rows on local[2], DuckDB beside it
+bench-mqttsn:   ## firmware bridge: MQTT-SN/UDP vs MQTT/TCP PUBLISH/s, RSS per idle client, 1,000-client sleep soak (~12 min)
 	scripts/setup --test
-	.venv/bin/python -m bench.pipeline --rows $(ROWS)
+	.venv/bin/python -m bench.mqttsn
+
+pipeline-bench: ## ledge-pipeline run on local[2] (fresh JVM) at 0.25M, 1M and 4M landing lines, DuckDB beside it
+	scripts/setup --test
+	.venv/bin/python -m bench.pipeline $(addprefix --lines ,$(PIPELINE_LINES))
 
 fuzz:           ## coverage-guided fuzzing of codec, codec hot paths, connection state machine and WebSocket reader, FUZZ_SECONDS per target
 	scripts/setup --test

@@ -5,6 +5,8 @@ Pure-core tests: real encoded packets, a fake clock, no sockets.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from gateway.broker.auth import PasswordAuthenticator, hash_password
@@ -431,14 +433,14 @@ def test_reason_strings_follow_request_problem_information(
     reason strings, on its DISCONNECT and on a refusing CONNACK alike."""
     h = Harness()
     c = h.client()
-    props = {} if asked is None else {"request_problem_information": asked}
-    c.connect("c", **props)
+    asks: dict[str, Any] = {} if asked is None else {"request_problem_information": asked}
+    c.connect("c", **asks)
     c.send(Auth())  # AUTH without an authentication method: a protocol error
     disconnect = c.expect(Disconnect)
     assert disconnect.reason_code == ReasonCode.PROTOCOL_ERROR
     assert (disconnect.properties.reason_string is not None) is has_reason
     refused = Harness(allow_zero_length_client_id=False).client()
-    refused.send(Connect("", MQTT_5, properties=Properties(**props)))
+    refused.send(Connect("", MQTT_5, properties=Properties(**asks)))
     ack = refused.expect(ConnAck)
     assert ack.reason_code == ReasonCode.CLIENT_IDENTIFIER_NOT_VALID
     assert (ack.properties.reason_string is not None) is has_reason

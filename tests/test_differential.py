@@ -211,7 +211,9 @@ def mqtt31(port: int) -> dict[str, Any]:
     wait_for(lambda: len(events["diff-31-sub"]) >= 6, 5, "queued message")
     dying = client31("diff-31-will", will=True)
     dying.loop_stop()
-    dying.socket().close()  # no DISCONNECT: the will goes out
+    sock = dying.socket()
+    assert sock is not None
+    sock.close()  # no DISCONNECT: the will goes out
     settle([other], "diffmark", other)
     wait_for(lambda: "m31/will" in {m.topic for m in other.messages}, 5, "will")
     wait_for(lambda: any(e[0] == "m31/will" for e in events["diff-31-sub"]), 5, "will on 3.1")

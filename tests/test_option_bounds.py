@@ -24,7 +24,14 @@ from tests.support.raw import Raw
 
 #: Numbers that are values rather than limits (a reading's scale and offset): finite,
 #: with no maximum of their own.
-VALUES = {"serial.fields.scale", "serial.fields.offset"}
+VALUES = {
+    "serial.fields.scale",
+    "serial.fields.offset",
+    "ble.fields.scale",
+    "ble.fields.offset",
+    "ble.characteristics.fields.scale",
+    "ble.characteristics.fields.offset",
+}
 #: Numbers with no order: a serial line's stop bits (1, 1.5 or 2).
 CHOICES = {"serial.stopbits"}
 
@@ -70,10 +77,19 @@ def test_every_numeric_option_has_a_maximum(name: str) -> None:
 def test_value_options_are_finite(name: str, value: str) -> None:
     key = name.rsplit(".", 1)[1]
     with pytest.raises(ConfigError):
-        parse_config(
-            '[[serial]]\nname = "s"\npath = "/dev/null"\nprotocol = "kv"\n'
-            f'fields = {{ t = {{ quantity = "temperature", unit = "C", {key} = {value} }} }}\n'
-        )
+        parse_config(_VALUE_CONFIGS[name.rsplit(".", 1)[0]].format(f"{key} = {value}"))
+
+
+#: A device whose field sets the option ``{}`` stands for, per table of fields.
+_VALUE_CONFIGS = {
+    "serial.fields": '[[serial]]\nname = "s"\npath = "/dev/null"\nprotocol = "kv"\n'
+    'fields = {{ t = {{ quantity = "temperature", unit = "C", {} }} }}\n',
+    "ble.fields": '[[ble]]\nname = "b"\naddress = "A4:C1:38:12:34:56"\n'
+    'fields = {{ temperature = {{ quantity = "temperature", {} }} }}\n',
+    "ble.characteristics.fields": '[[ble]]\nname = "b"\naddress = "A4:C1:38:12:34:56"\n'
+    'format = "gatt"\n[[ble.characteristics]]\nuuid = "2a19"\n'
+    'fields = [{{ quantity = "battery", {} }}]\n',
+}
 
 
 def _at_maximum(section: str) -> dict[str, Any]:
@@ -113,7 +129,7 @@ def _round_trip(port: int, version: int, qos: int) -> None:
 
 def test_the_gateway_serves_with_every_option_at_its_maximum(tmp_path: Path) -> None:
     """One gateway with every numeric option of the broker, listeners, auth, store,
-    gateway, readings, taps, serial devices and bridges at its maximum: it starts,
+    gateway, readings, taps, serial devices, bridges and the firmware bridge at its maximum: it starts,
     serves MQTT 5.0 and 3.1.1 clients (QoS 0/1/2 round trips), reloads on SIGHUP, and
     its bridge reaches a real Mosquitto."""
     available = MosquittoProcess.available()
@@ -155,6 +171,9 @@ def _serve_at_maxima(tmp_path: Path, remote: MosquittoProcess | None) -> int:
         text += f"[bridges.outbox]\n{_toml(_at_maximum('bridges.outbox'))}"
         rule = _at_maximum("bridges.rules") | {"filter": "up/#", "direction": "out"}
         text += f"[[bridges.rules]]\n{_toml(rule)}"
+    # The firmware bridge at its maxima: its clients are broker sessions like any other.
+    text += f"[mqttsn]\n{_toml(_at_maximum('mqttsn'))}"
+    text += f'[[mqttsn.udp]]\nhost = "127.0.0.1"\n{_toml(_at_maximum("mqttsn.udp") | {"port": 0})}'
     config = tmp_path / "ledge.toml"
     config.write_text(text)
     parse_config(text)  # every maximum validates
