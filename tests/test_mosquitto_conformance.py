@@ -25,6 +25,7 @@ from gateway.mqtt import (
     PingResp,
     Properties,
     PubAck,
+    PubComp,
     Publish,
     PubRec,
     PubRel,
@@ -230,6 +231,34 @@ def test_a_delayed_will_goes_out_when_the_session_ends_first(gateway: LedgeProce
     client(gateway.port, "ending", will=will).close()
     got = watcher.expect(1, within=5)[0]
     assert isinstance(got, Publish) and got.payload == b"now"
+
+
+# ------------------------------------------------ acknowledgements of the wrong kind
+
+
+@pytest.mark.parametrize("version", [MQTT_5, MQTT_311])
+@pytest.mark.parametrize(("qos", "wrong"), [(1, PubComp), (1, PubRec), (2, PubAck)])
+def test_an_acknowledgement_of_the_other_flow_closes_the_connection(
+    gateway: LedgeProcess, version: int, qos: int, wrong: type[PubAck | PubRec | PubComp]
+) -> None:
+    """A QoS 1 PUBLISH is answered by PUBACK, a QoS 2 one by PUBREC (MQTT 5.0 4.3.2,
+    4.3.3): another acknowledgement for its identifier is a Protocol Error, and the
+    connection is closed (DISCONNECT 0x82 first on 5.0)."""
+    sub = client(gateway.port, f"wrong-{qos}-{wrong.__name__}", version)
+    subscribe(sub, "wrong/ack", qos)
+    pub = client(gateway.port, f"wrong-pub-{qos}-{wrong.__name__}", version)
+    pub.send(encode(Publish("wrong/ack", b"m", qos, packet_id=1), version))
+    got = sub.expect(1)[0]
+    assert isinstance(got, Publish) and got.packet_id is not None
+    before = len(sub.packets)
+    sub.send(encode(wrong(got.packet_id), version))
+    after = sub.until_closed()[before:]
+    if version == MQTT_5:
+        assert [(type(p), p.reason_code) for p in after if isinstance(p, Disconnect)] == [
+            (Disconnect, ReasonCode.PROTOCOL_ERROR)
+        ]
+    else:
+        assert after == []
 
 
 # ----------------------------------------------------------- $share and SUBSCRIBE
