@@ -156,6 +156,27 @@ def test_a_connack_larger_than_the_clients_limit_refuses_the_connect_at_once(
     assert time.monotonic() - started < 3
 
 
+def test_a_small_maximum_packet_size_of_ours_is_announced_and_enforced(tmp_path: Path) -> None:
+    """``broker.max_packet_size`` as small as Mosquitto allows (30 here, as in its
+    12-prop-maximum-packet-size-broker): the CONNACK announces it, a PUBLISH within it
+    is served, a larger one gets DISCONNECT 0x95 (MQTT-3.2.2-15 for the client, ours
+    enforced from the header)."""
+    config = tmp_path / "ledge.toml"
+    config.write_text("[broker]\nmax_packet_size = 30\n")
+    proc = LedgeProcess(config=config).start()
+    try:
+        c = client(proc.port, "small-mps")
+        ack = c.packets[0]
+        assert isinstance(ack, ConnAck) and ack.properties.maximum_packet_size == 30
+        c.send(encode(Publish("t", b"x" * 20, 1, packet_id=1), MQTT_5))  # 2 + 3 + 2 + 1 + 20
+        assert isinstance(c.expect(1)[0], PubAck)
+        c.send(encode(Publish("t", b"x" * 30, 1, packet_id=2), MQTT_5))
+        got = c.until_closed()[-1]
+        assert isinstance(got, Disconnect) and got.reason_code == ReasonCode.PACKET_TOO_LARGE
+    finally:
+        assert proc.stop() == 0
+
+
 # ------------------------------------------------------------------------ wills
 
 

@@ -129,9 +129,9 @@ def _round_trip(port: int, version: int, qos: int) -> None:
 
 def test_the_gateway_serves_with_every_option_at_its_maximum(tmp_path: Path) -> None:
     """One gateway with every numeric option of the broker, listeners, auth, store,
-    gateway, readings, taps, serial devices, bridges and the firmware bridge at its maximum: it starts,
-    serves MQTT 5.0 and 3.1.1 clients (QoS 0/1/2 round trips), reloads on SIGHUP, and
-    its bridge reaches a real Mosquitto."""
+    gateway, readings, taps, serial devices, bridges and the firmware bridge at its
+    maximum: it starts, serves MQTT 5.0 and 3.1.1 clients (QoS 0/1/2 round trips),
+    reloads on SIGHUP, and its bridge reaches a real Mosquitto."""
     available = MosquittoProcess.available()
     remote = MosquittoProcess(tmp_path).start() if available else None
     try:

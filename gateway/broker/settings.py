@@ -67,7 +67,7 @@ class BrokerSettings:
     """Every bound the core enforces (``[broker]``), with its default."""
 
     max_connections: int = option(1024, ge=1, le=MAX_SLOTS)
-    max_packet_size: int = option(1_048_576, ge=64, le=VARINT_MAX + 5)
+    max_packet_size: int = option(1_048_576, ge=20, le=VARINT_MAX + 5)
     max_keepalive: int = option(60, reload=True, ge=0, le=65535)
     connect_timeout: float = option(10.0, reload=True, gt=0, le=DAY)
     receive_maximum: int = option(100, ge=1, le=65535)
