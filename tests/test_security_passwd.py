@@ -271,3 +271,31 @@ def test_a_bad_password_file_line_is_skipped_and_logged_with_its_line(tmp_path: 
     finally:
         assert proc.stop() == 0
     assert "njERlZMi" not in proc.log and "aGFzaA" not in proc.log
+
+
+#: From Mosquitto's 09-pwfile-parse-invalid: user "empty", the hash of the empty password.
+EMPTY_PASSWORD_LINE = (
+    "empty:$6$o+53eGXtmlfHeYrg$FY7X9DNQ4uU1j0NiPmGOOSU05ZSzhqNmNhXIof/0nLpVb1zDhcRHdaC72E3Y"
+    "ryH7dtTiG/r6jH6C8J+30cZBgA==\n"
+)
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_an_empty_password_is_no_password(tmp_path: Path, version: int) -> None:
+    """A zero-length password counts as none, as in Mosquitto: even a file line whose
+    hash is of the empty string lets no one in."""
+    pw = tmp_path / "pw"
+    pw.write_text(EMPTY_PASSWORD_LINE)
+    config = tmp_path / "ledge.toml"
+    config.write_text(
+        f'[auth]\nallow_anonymous = false\npassword_file = "{pw}"\nfailed_login_delay = 0\n'
+    )
+    proc = LedgeProcess(config=config).start()
+    try:
+        for password in (b"", b"test", None):
+            c = Raw(proc.port, version=version)
+            code = c.connect("e", username="empty", password=password).reason_code
+            assert code == (0x86 if version == 5 else 4), (password, code)
+            c.close()
+    finally:
+        assert proc.stop() == 0

@@ -184,7 +184,9 @@ class PasswordAuthenticator:
         if username is None or self.users is None:
             return ReasonCode.SUCCESS if self.allow_anonymous else ReasonCode.NOT_AUTHORIZED
         entry = self.users.get(username)
-        if entry is None or password is None:
+        if entry is None or not password:
+            # A zero-length password counts as none (as Mosquitto counts it): a file
+            # line whose hash is of the empty string lets no one in.
             return PasswordCheck(_dummy_hash(), password or b"", expected=False)
         return PasswordCheck(entry, password)
 
