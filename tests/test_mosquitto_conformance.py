@@ -258,13 +258,14 @@ def test_a_delayed_will_goes_out_when_the_session_ends_first(gateway: LedgeProce
 
 
 @pytest.mark.parametrize("version", [MQTT_5, MQTT_311])
-@pytest.mark.parametrize(("qos", "wrong"), [(1, PubComp), (1, PubRec), (2, PubAck)])
+@pytest.mark.parametrize(("qos", "wrong"), [(1, PubComp), (1, PubRec), (2, PubAck), (2, PubComp)])
 def test_an_acknowledgement_of_the_other_flow_closes_the_connection(
     gateway: LedgeProcess, version: int, qos: int, wrong: type[PubAck | PubRec | PubComp]
 ) -> None:
-    """A QoS 1 PUBLISH is answered by PUBACK, a QoS 2 one by PUBREC (MQTT 5.0 4.3.2,
-    4.3.3): another acknowledgement for its identifier is a Protocol Error, and the
-    connection is closed (DISCONNECT 0x82 first on 5.0)."""
+    """A QoS 1 PUBLISH is answered by PUBACK, a QoS 2 one by PUBREC, and PUBCOMP
+    answers a PUBREL (MQTT 5.0 4.3.2, 4.3.3): another acknowledgement for its
+    identifier is a Protocol Error, and the connection is closed (DISCONNECT 0x82
+    first on 5.0)."""
     sub = client(gateway.port, f"wrong-{qos}-{wrong.__name__}", version)
     subscribe(sub, "wrong/ack", qos)
     pub = client(gateway.port, f"wrong-pub-{qos}-{wrong.__name__}", version)

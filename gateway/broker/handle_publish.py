@@ -102,8 +102,8 @@ def handle_pubcomp(ctx: Context, conn: Connection, packet: PubComp, now: float) 
     session = conn.session
     assert session is not None
     entry = session.inflight.get(packet.packet_id)
-    if entry is not None and entry.qos == 1:
-        _wrong_kind("PUBCOMP", entry)
+    if entry is not None and (entry.qos == 1 or entry.state is Flow.AWAIT_ACK):
+        _wrong_kind("PUBCOMP", entry)  # QoS 1, or QoS 2 before its PUBREC: no PUBREL yet
     if entry is None or after(entry.qos, entry.state, Ack.PUBCOMP) is None:
         log.debug("PUBCOMP from %s for unknown packet id %d", conn.label, packet.packet_id)
         return
@@ -113,8 +113,9 @@ def handle_pubcomp(ctx: Context, conn: Connection, packet: PubComp, now: float) 
 def _wrong_kind(ack: str, entry: Outgoing) -> NoReturn:
     """An acknowledgement of the other QoS's flow for a message in flight: the client
     breaks the flow of MQTT 5.0 4.3.2/4.3.3 (a QoS 1 PUBLISH is answered by PUBACK
-    only, a QoS 2 one by PUBREC then PUBCOMP), a Protocol Error (4.13): the connection
-    is closed, with DISCONNECT 0x82 on MQTT 5.0 (Mosquitto closes too)."""
+    only, a QoS 2 one by PUBREC, and PUBCOMP answers our PUBREL), a Protocol Error
+    (4.13): the connection is closed, with DISCONNECT 0x82 on MQTT 5.0 (Mosquitto
+    closes too)."""
     raise ProtocolError(f"{ack} for packet id {entry.packet_id}, a QoS {entry.qos} message")
 
 
