@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
-from gateway.broker.settings import option
+from gateway.broker.settings import DAY, option
 from gateway.field_settings import FieldSettings
 
 AdvertFormat = Literal[
@@ -38,8 +38,8 @@ class GattFieldSettings:
     quantity: str = option(min_length=1)
     type: ValueType = option("uint8")
     start: int = option(0, ge=0, le=511)
-    scale: float = option(1.0)
-    offset: float = option(0.0)
+    scale: float = option(1.0, allow_inf_nan=False)
+    offset: float = option(0.0, allow_inf_nan=False)
     unit: str = option("")
 
 
@@ -68,15 +68,15 @@ class BleDeviceSettings:
     fields: dict[str, FieldSettings] = option(factory=dict)
     only_mapped: bool = option(False)
     #: None: ``[bluetooth]``'s.
-    min_interval: float | None = option(None, ge=0)
-    heartbeat: float | None = option(None, ge=0)
-    away_after: float | None = option(None, gt=0)
+    min_interval: float | None = option(None, ge=0, le=DAY)
+    heartbeat: float | None = option(None, ge=0, le=DAY)
+    away_after: float | None = option(None, gt=0, le=DAY)
     #: None: true for beacons.
     presence: bool | None = option(None)
     rssi: bool = option(True)
     # GATT devices
     characteristics: tuple[GattCharacteristicSettings, ...] = option(())
-    poll_interval: float = option(300.0, gt=0)
+    poll_interval: float = option(300.0, gt=0, le=DAY)
     keep_connected: bool = option(False)
     command_uuid: str | None = option(None)
     command_response: bool = option(True)

@@ -14,5 +14,5 @@ from gateway.broker.settings import option
 class FieldSettings:
     quantity: str = option(min_length=1)
     unit: str | None = option(None)
-    scale: float = option(1.0)
-    offset: float = option(0.0)
+    scale: float = option(1.0, allow_inf_nan=False)
+    offset: float = option(0.0, allow_inf_nan=False)

@@ -17,7 +17,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gateway.broker.auth import DEFAULT_ITERATIONS, hash_password, parse_password_file
+from gateway.broker.auth import (
+    DEFAULT_ITERATIONS,
+    PasswordFileError,
+    hash_password,
+    parse_password_file,
+)
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -125,10 +130,11 @@ def _read(path: Path) -> list[str]:
         raise PasswdError(f"{path} does not exist (create it with -c)") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise PasswdError(f"cannot read {path}: {exc}") from None
-    try:
-        parse_password_file(text)
-    except ValueError as exc:
-        raise PasswdError(f"{path}: {exc}; not changing it") from None
+    skipped: list[PasswordFileError] = []
+    parse_password_file(text, skipped)
+    for problem in skipped:
+        # Kept as they are (a user set again replaces its own line); the gateway skips them.
+        print(f"ledge passwd: warning: {path} {problem}", file=sys.stderr)
     return text.splitlines()
 
 

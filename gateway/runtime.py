@@ -24,7 +24,7 @@ from gateway.broker.auth import (
     PasswordFileError,
     parse_password_file,
 )
-from gateway.broker.settings import BrokerSettings, option
+from gateway.broker.settings import DAY, INT31, MAX_SLOTS, BrokerSettings, option
 from gateway.field_settings import FieldSettings
 from gateway.mqttsn.settings import MqttSnSettings
 from gateway.net.settings import TLSOptions
@@ -63,7 +63,7 @@ class ListenerSettings(TLSOptions):
     name: str = option("")
     type: Literal["tcp", "tls", "websocket", "websocket-tls"] = option("tcp")
     path: str = option("/mqtt", reload=True)
-    max_connections: int = option(0, reload=True, ge=0)
+    max_connections: int = option(0, reload=True, ge=0, le=MAX_SLOTS)
     #: None in the file means ``[auth]``'s; the validator fills it in (``resolved``).
     allow_anonymous: bool | None = option(None, reload=True)
     password_file: str | None = option(None, reload=True)
@@ -111,7 +111,7 @@ def default_gateway_id() -> str:
 class GatewaySettings:
     id: str = option(factory=default_gateway_id)
     #: Seconds between <prefix>/<gateway>/health reports; 0: none.
-    health_interval: float = option(60.0, ge=0)
+    health_interval: float = option(60.0, ge=0, le=DAY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +133,7 @@ class SerialSettings:
     name: str = option(min_length=1)
     path: str = option(min_length=1)
     protocol: Literal["nmea", "jsonl", "kv"] = option("jsonl")
-    baudrate: int = option(9600, gt=0)
+    baudrate: int = option(9600, gt=0, le=INT31)
     bytesize: Literal[5, 6, 7, 8] = option(8)
     parity: Literal["none", "even", "odd", "mark", "space"] = option("none")
     stopbits: float = option(1)
@@ -151,25 +151,25 @@ class BluetoothSettings:
 
     adapter: str = option("hci0", pattern=r"^hci[0-9]+$")
     scanning: Literal["auto", "passive", "active"] = option("auto")
-    watchdog: float = option(60.0, ge=0)
-    watchdog_backoff_max: float = option(300.0, gt=0)
-    queue_size: int = option(1000, ge=1)
-    max_devices: int = option(256, ge=1)
+    watchdog: float = option(60.0, ge=0, le=DAY)
+    watchdog_backoff_max: float = option(300.0, gt=0, le=DAY)
+    queue_size: int = option(1000, ge=1, le=INT31)
+    max_devices: int = option(256, ge=1, le=MAX_SLOTS)
     any_bthome: bool = option(False)
     allow: tuple[str, ...] = option(())
     gatt_concurrency: int = option(1, ge=1, le=8)
-    gatt_timeout: float = option(20.0, gt=0)
-    reconnect_min: float = option(1.0, gt=0)
-    reconnect_max: float = option(300.0, gt=0)
-    min_interval: float = option(10.0, ge=0)
-    heartbeat: float = option(300.0, ge=0)
-    away_after: float = option(300.0, gt=0)
+    gatt_timeout: float = option(20.0, gt=0, le=DAY)
+    reconnect_min: float = option(1.0, gt=0, le=DAY)
+    reconnect_max: float = option(300.0, gt=0, le=DAY)
+    min_interval: float = option(10.0, ge=0, le=DAY)
+    heartbeat: float = option(300.0, ge=0, le=DAY)
+    away_after: float = option(300.0, gt=0, le=DAY)
 
 
 @dataclass(frozen=True, slots=True)
 class TapSettings:
     module: str | None = option(None)
-    queue_size: int = option(1000, ge=1)
+    queue_size: int = option(1000, ge=1, le=INT31)
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,10 +338,9 @@ def build_authenticator(
             raise ConfigError(
                 str(password_file), [f"auth.password_file: cannot read: {exc.strerror or exc}"]
             ) from None
-        try:
-            users = parse_password_file(text)
-        except PasswordFileError as exc:
-            raise ConfigError(str(password_file), [f"auth.password_file: {exc}"]) from None
+        # Lines that cannot be read are skipped (those users cannot log in) and named
+        # by ``file_warnings``; the rest of the file serves.
+        users = parse_password_file(text)
     return PasswordAuthenticator(allow_anonymous, users)
 
 
@@ -391,7 +390,8 @@ def listener_label(listener: ListenerSettings, index: int) -> str:
 
 def file_warnings(config: RuntimeConfig) -> list[str]:
     """Secrets readable by others: password files, ACL files and TLS keys that the
-    group or everyone may read (mosquitto warns the same way)."""
+    group or everyone may read (mosquitto warns the same way); and every password file
+    line that is skipped because it cannot be read, by file and line number."""
     import stat
 
     secrets: list[tuple[str, str | None]] = []
@@ -423,4 +423,20 @@ def file_warnings(config: RuntimeConfig) -> list[str]:
                 f"{kind} {path} can be read by its group or others (mode "
                 f"{stat.S_IMODE(mode):04o}): chmod 600 it"
             )
+        if kind == "password file":
+            warnings.extend(
+                f"password file {path} {problem}: line skipped, that user cannot log in"
+                for problem in password_file_problems(path)
+            )
     return warnings
+
+
+def password_file_problems(path: str | Path) -> list[PasswordFileError]:
+    """The lines of a password file that are skipped (an unreadable file: none here;
+    reading it fails where it is loaded)."""
+    skipped: list[PasswordFileError] = []
+    try:
+        parse_password_file(Path(path).read_text(encoding="utf-8"), skipped)
+    except (OSError, UnicodeDecodeError):
+        return []
+    return skipped

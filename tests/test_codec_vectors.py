@@ -18,6 +18,7 @@ import pytest
 
 from gateway.mqtt import (
     MQTT_5,
+    MQTT_31,
     MQTT_311,
     NEED_DATA,
     Auth,
@@ -52,6 +53,7 @@ from gateway.mqtt import (
 from gateway.mqtt.reason_codes import ReasonCode
 from gateway.mqtt.wire import VARINT_MAX
 
+V31 = MQTT_31
 V311 = MQTT_311
 V5 = MQTT_5
 NO_LIMIT = VARINT_MAX + 5
@@ -82,6 +84,20 @@ SR = SubscriptionRequest
 
 VECTORS: list[Vector] = [
     # ------------------------------------------------------------------ MQTT 3.1.1
+    Vector(
+        "v31-connect-mqisdp",
+        V31,
+        h(
+            "10 11"
+            "00 06 4d 51 49 73 64 70"  # protocol name "MQIsdp" (MQTT 3.1 §3.1)
+            "03"  # protocol version 3
+            "02"  # clean session
+            "00 3c"  # keep alive 60
+            "00 03 6f 6c 64"  # client identifier "old"
+        ),
+        Connect("old", MQTT_31, protocol_name="MQIsdp"),
+        "MQTT 3.1 §3.1",
+    ),
     Vector(
         "v311-connect-clean-minimal",
         V311,
@@ -309,13 +325,13 @@ VECTORS: list[Vector] = [
             "20 1b"
             "01"  # session present (3.2.2.1.1)
             "00"  # success
-            "18"  # property length 24
-            "12 00 06 61 75 74 6f 2d 31"  # assigned client identifier "auto-1" (3.2.2.3.7)
-            "1f 00 02 6f 6b"  # reason string "ok" (3.2.2.3.9)
-            "21 00 64"  # receive maximum 100
+            "18"  # property length 24, in Mosquitto's order (the spec leaves it free)
             "22 00 10"  # topic alias maximum 16 (3.2.2.3.8)
-            "24 01"  # maximum QoS 1
+            "12 00 06 61 75 74 6f 2d 31"  # assigned client identifier "auto-1" (3.2.2.3.7)
             "25 00"  # retain not available
+            "21 00 64"  # receive maximum 100
+            "24 01"  # maximum QoS 1
+            "1f 00 02 6f 6b"  # reason string "ok" (3.2.2.3.9)
         ),
         ConnAck(
             True,
@@ -1015,12 +1031,12 @@ BAD: list[Bad] = [
         "MQTT-3.1.2-2",
     ),
     Bad(
-        "connect-mqtt-3.1-mqisdp",
+        "connect-mqisdp-level-4",
         V311,
-        h("10 0e 00 06 4d 51 49 73 64 70 03 02 00 3c 00 00"),  # "MQIsdp", level 3
+        h("10 0e 00 06 4d 51 49 73 64 70 04 02 00 3c 00 00"),  # "MQIsdp" is level 3 only
         UnsupportedProtocolVersion,
         UNSUPPORTED,
-        "MQTT-3.1.2-2",
+        "MQTT 3.1 §3.1",
     ),
     Bad(
         "connect-receive-maximum-0",

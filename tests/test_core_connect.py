@@ -5,11 +5,14 @@ Pure-core tests: real encoded packets, a fake clock, no sockets.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from gateway.broker.auth import PasswordAuthenticator, hash_password
 from gateway.mqtt import (
     MQTT_5,
+    MQTT_31,
     MQTT_311,
     Auth,
     ConnAck,
@@ -22,7 +25,8 @@ from gateway.mqtt import (
     ReasonCode,
     Will,
 )
-from tests.support.harness import Harness
+from gateway.mqtt.packets import Packet
+from tests.support.harness import FakeClient, Harness
 
 CONNECT_311 = bytes.fromhex("101000044d5154540402003c000461626364")
 
@@ -82,11 +86,51 @@ def test_unsupported_protocol_level_gets_311_connack_0x01() -> None:
     assert c.closed
 
 
-def test_mqtt_31_mqisdp_is_refused_with_unacceptable_version() -> None:
+def _connect_31(c: FakeClient, client_id: str, clean: bool = True) -> list[Packet]:
+    c.send(Connect(client_id, MQTT_31, clean, protocol_name="MQIsdp"))
+    return c.take()
+
+
+def test_mqtt_31_is_served_and_its_connack_has_no_session_present_flag() -> None:
+    """MQTT 3.1 section 3.2: the CONNACK's first byte is reserved, even on resumption."""
     h = Harness()
-    c = h.client(MQTT_311)
-    c.send(Connect("x", 3, protocol_name="MQIsdp"))
-    assert c.take() == [ConnAck(False, 0x01)]
+    c = h.client(MQTT_31)
+    assert _connect_31(c, "legacy", clean=False) == [ConnAck(False, 0)]
+    c.subscribe("a/b", 1)
+    c.drop()
+    again = h.client(MQTT_31)
+    assert _connect_31(again, "legacy", clean=False) == [ConnAck(False, 0)]
+    pub = h.client()
+    pub.connect("p")
+    pub.publish("a/b", b"still subscribed", qos=1)
+    assert [p.payload for p in again.publishes()] == [b"still subscribed"]
+
+
+@pytest.mark.parametrize("client_id", ["", "x" * 24])
+def test_mqtt_31_client_identifier_is_1_to_23_characters(client_id: str) -> None:
+    """MQTT 3.1 section 3.1: otherwise CONNACK 2, identifier rejected."""
+    h = Harness()
+    c = h.client(MQTT_31)
+    assert _connect_31(c, client_id) == [ConnAck(False, 2)]
+    assert c.closed
+
+
+def test_mqtt_31_longer_identifiers_when_configured() -> None:
+    h = Harness(mqtt31_max_client_id=65535)
+    c = h.client(MQTT_31)
+    assert _connect_31(c, "x" * 40) == [ConnAck(False, 0)]
+
+
+def test_mqtt_31_suback_has_no_failure_code() -> None:
+    """A 3.1 SUBACK grants QoS 0-2 only: a refused subscription is not made, and the
+    SUBACK grants what was asked (it cannot say otherwise)."""
+    h = Harness(deny_subscriptions=("secret/#",))
+    c = h.client(MQTT_31)
+    _connect_31(c, "legacy")
+    assert c.subscribe("secret/x", 1).reason_codes == (1,)
+    assert h.broker.index.count == 0
+    assert c.subscribe("open/x", 2).reason_codes == (2,)
+    assert h.broker.index.count == 1
 
 
 def test_reserved_connect_flag_is_malformed_v5_gets_connack_0x81() -> None:
@@ -379,3 +423,24 @@ def test_unpublishable_will_refused_at_connect(
     if v3_code is not None:
         c3 = h.client(MQTT_311)
         assert c3.connect("w3", will=will).reason_code == v3_code
+
+
+@pytest.mark.parametrize(("asked", "has_reason"), [(None, True), (1, True), (0, False)])
+def test_reason_strings_follow_request_problem_information(
+    asked: int | None, has_reason: bool
+) -> None:
+    """MQTT 5.0 3.1.2.11.7: a client that sets Request Problem Information to 0 gets no
+    reason strings, on its DISCONNECT and on a refusing CONNACK alike."""
+    h = Harness()
+    c = h.client()
+    asks: dict[str, Any] = {} if asked is None else {"request_problem_information": asked}
+    c.connect("c", **asks)
+    c.send(Auth())  # AUTH without an authentication method: a protocol error
+    disconnect = c.expect(Disconnect)
+    assert disconnect.reason_code == ReasonCode.PROTOCOL_ERROR
+    assert (disconnect.properties.reason_string is not None) is has_reason
+    refused = Harness(allow_zero_length_client_id=False).client()
+    refused.send(Connect("", MQTT_5, properties=Properties(**asks)))
+    ack = refused.expect(ConnAck)
+    assert ack.reason_code == ReasonCode.CLIENT_IDENTIFIER_NOT_VALID
+    assert (ack.properties.reason_string is not None) is has_reason

@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import paho.mqtt.client as mqtt
 import pytest
+from paho.mqtt.enums import CallbackAPIVersion
 
 from tests.support.clients import Paho
 from tests.support.procs import LedgeProcess, MosquittoProcess
@@ -162,6 +164,69 @@ def will(port: int) -> list[tuple[str, bytes, int]]:
     return got
 
 
+def mqtt31(port: int) -> dict[str, Any]:
+    """MQTT 3.1 (paho's MQTTv31, protocol name MQIsdp): QoS 0-2 from a 3.1.1 client, a
+    persistent 3.1 session's queue, CONNACK flags (none in 3.1), a 3.1 client's will."""
+    events: dict[str, list[Any]] = {}
+
+    def client31(client_id: str, clean: bool = True, will: bool = False) -> mqtt.Client:
+        log = events.setdefault(client_id, [])
+        c = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=client_id,
+            protocol=mqtt.MQTTv31,
+            clean_session=clean,
+        )
+        c.on_connect = lambda _c, _u, flags, rc, _p=None: log.append(
+            ("connack", flags.session_present, rc.value)
+        )
+        c.on_message = lambda _c, _u, m: log.append((m.topic, bytes(m.payload), m.qos))
+        if will:
+            c.will_set("m31/will", b"gone", 1)
+        c.connect("127.0.0.1", port, 30)
+        c.loop_start()
+        wait_for(lambda: any(e[0] == "connack" for e in log), 5, "CONNACK")
+        return c
+
+    old = client31("diff-31-sub", clean=False)
+    old.subscribe([("m31/#", 2)])
+    other = Paho(port, "diff-31-311", 4).connect()
+    other.subscribe("m31/#", 2)
+    other.subscribe("diffmark", 1)
+    wait_for(lambda: old.want_write() is False, 5, "subscribe sent")
+    for qos in (0, 1, 2):
+        other.publish(f"m31/from311/q{qos}", b"%d" % qos, qos)
+    settle([other], "diffmark", other)
+    wait_for(lambda: len(events["diff-31-sub"]) >= 4, 5, "3.1 deliveries")
+    # paho acknowledges after on_message, in its loop thread: a SUBACK read after the
+    # last delivery means every PUBACK/PUBCOMP is queued before the DISCONNECT below.
+    subacked: list[int] = []
+    old.on_subscribe = lambda *_a: subacked.append(1)
+    old.subscribe("m31-sync", 0)
+    wait_for(lambda: subacked, 5, "SUBACK after the deliveries")
+    old.disconnect()
+    old.loop_stop()
+    other.publish("m31/queued", b"while away", 1)
+    again = client31("diff-31-sub", clean=False)
+    wait_for(lambda: len(events["diff-31-sub"]) >= 6, 5, "queued message")
+    dying = client31("diff-31-will", will=True)
+    dying.loop_stop()
+    sock = dying.socket()
+    assert sock is not None
+    sock.close()  # no DISCONNECT: the will goes out
+    settle([other], "diffmark", other)
+    wait_for(lambda: "m31/will" in {m.topic for m in other.messages}, 5, "will")
+    wait_for(lambda: any(e[0] == "m31/will" for e in events["diff-31-sub"]), 5, "will on 3.1")
+    out = {
+        "31": sorted(map(str, events["diff-31-sub"])),
+        "311": sorted((m.topic, m.payload, m.qos) for m in other.messages if m.topic != "diffmark"),
+    }
+    again.disconnect()
+    again.loop_stop()
+    other.disconnect()
+    return out
+
+
 SCENARIOS: list[Scenario] = [
     wildcard_matrix,
     retained,
@@ -169,6 +234,7 @@ SCENARIOS: list[Scenario] = [
     subscription_options,
     persistent_queue,
     will,
+    mqtt31,
 ]
 
 

@@ -7,6 +7,8 @@ subscribe to. Section numbers are those of the MQTT-SN 1.2 specification.
 
 from __future__ import annotations
 
+import pytest
+
 from gateway.broker.acl import parse_acl_file
 from gateway.mqtt import MQTT_311
 from gateway.mqtt import Publish as MqttPublish
@@ -623,6 +625,22 @@ def test_publish_under_sys_is_refused() -> None:
     tid = dev.register("$SYS/fake").topic_id
     dev.publish(tid, b"1", qos=1)
     assert dev.expect(PubAck).return_code == ReturnCode.NOT_SUPPORTED
+
+
+@pytest.mark.parametrize("qos", [0, 1])
+def test_publish_to_share_is_refused_as_for_mqtt_clients(qos: int) -> None:
+    """ "$share/..." names shared subscriptions, never a topic: refused (invalid topic),
+    routed to no one, counted as denied, as a PUBLISH from an MQTT client is."""
+    h = SnHarness()
+    w = watcher(h, "$share/g/x")
+    dev = h.device()
+    dev.connect()
+    tid = dev.register("$share/g/x").topic_id
+    dev.publish(tid, b"1", qos=qos)
+    if qos:
+        assert dev.expect(PubAck).return_code == ReturnCode.INVALID_TOPIC_ID
+    assert mqtt_messages(w) == []
+    assert h.broker.stats.publish_denied == 1
 
 
 def test_a_puback_that_needs_the_store_waits_for_its_commit() -> None:

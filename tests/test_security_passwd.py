@@ -116,12 +116,18 @@ def test_ledge_passwd_refuses_with_a_reason(tmp_path: Path, args: list[str], mes
     assert pw.read_text() == before
 
 
-def test_ledge_passwd_does_not_touch_a_file_it_cannot_read(tmp_path: Path) -> None:
+def test_ledge_passwd_keeps_a_line_it_cannot_read_and_warns(tmp_path: Path) -> None:
+    """The bad line stays for its owner to fix (the gateway skips it); setting that
+    user again replaces it."""
     pw = tmp_path / "pw"
     pw.write_text("alice:plaintext\n")
     out = ledge_passwd("-b", pw, "bob", "x")
-    assert out.returncode == 1 and "not changing it" in out.stderr
-    assert pw.read_text() == "alice:plaintext\n"
+    assert out.returncode == 0, out.stderr
+    assert "line 1: user 'alice'" in out.stderr
+    lines = pw.read_text().splitlines()
+    assert lines[0] == "alice:plaintext" and set(parse_password_file(pw.read_text())) == {"bob"}
+    assert ledge_passwd("-b", pw, "alice", "fixed").returncode == 0
+    assert set(parse_password_file(pw.read_text())) == {"alice", "bob"}
 
 
 @pytest.mark.skipif(not MosquittoProcess.available(), reason="Debian mosquitto")
@@ -236,5 +242,60 @@ def test_a_password_file_others_can_read_is_warned_about(secured: LedgeProcess) 
     try:
         proc.wait_log(r"password file .*pw can be read by its group or others \(mode 0644\)")
         wait_for(lambda: port_open(proc.port), 5, "listening")
+    finally:
+        assert proc.stop() == 0
+
+
+def test_a_bad_password_file_line_is_skipped_and_logged_with_its_line(tmp_path: Path) -> None:
+    """Mosquitto's 09-pwfile-parse-invalid, over sockets: the gateway starts, names the
+    bad line (never its hash) and serves every other user of the file; the bad line's
+    user cannot log in. Before, one bad line refused the whole file."""
+    pw = tmp_path / "pw"
+    assert ledge_passwd("-c", "-b", "-I", "1000", pw, "alice", "Secret-Pa55-XYZ").returncode == 0
+    good = pw.read_text()
+    pw.write_text("bob:$6$njERlZMi/7DzNB9E\n" + good + ":$6$c2FsdA==$aGFzaA==\n")
+    config = tmp_path / "ledge.toml"
+    config.write_text(
+        f'[auth]\nallow_anonymous = false\npassword_file = "{pw}"\nfailed_login_delay = 0\n'
+    )
+    proc = LedgeProcess(config=config).start()
+    try:
+        proc.wait_log(r"password file .* line 1: user 'bob'.*line skipped", 5)
+        proc.wait_log(r"password file .* line 3: expected user:hash.*line skipped", 5)
+        ok = Raw(proc.port)
+        assert ok.connect("a", username="alice", password=b"Secret-Pa55-XYZ").reason_code == 0
+        ok.close()
+        bob = Raw(proc.port)
+        assert bob.connect("b", username="bob", password=b"anything").reason_code == 0x86
+        bob.close()
+    finally:
+        assert proc.stop() == 0
+    assert "njERlZMi" not in proc.log and "aGFzaA" not in proc.log
+
+
+#: From Mosquitto's 09-pwfile-parse-invalid: user "empty", the hash of the empty password.
+EMPTY_PASSWORD_LINE = (
+    "empty:$6$o+53eGXtmlfHeYrg$FY7X9DNQ4uU1j0NiPmGOOSU05ZSzhqNmNhXIof/0nLpVb1zDhcRHdaC72E3Y"
+    "ryH7dtTiG/r6jH6C8J+30cZBgA==\n"
+)
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_an_empty_password_is_no_password(tmp_path: Path, version: int) -> None:
+    """A zero-length password counts as none, as in Mosquitto: even a file line whose
+    hash is of the empty string lets no one in."""
+    pw = tmp_path / "pw"
+    pw.write_text(EMPTY_PASSWORD_LINE)
+    config = tmp_path / "ledge.toml"
+    config.write_text(
+        f'[auth]\nallow_anonymous = false\npassword_file = "{pw}"\nfailed_login_delay = 0\n'
+    )
+    proc = LedgeProcess(config=config).start()
+    try:
+        for password in (b"", b"test", None):
+            c = Raw(proc.port, version=version)
+            code = c.connect("e", username="empty", password=password).reason_code
+            assert code == (0x86 if version == 5 else 4), (password, code)
+            c.close()
     finally:
         assert proc.stop() == 0

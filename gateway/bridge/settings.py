@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from gateway.broker.settings import NEVER_EXPIRES, option
+from gateway.broker.settings import DAY, INT31, NEVER_EXPIRES, option
+from gateway.store.settings import MAX_STORE_BYTES
 
 #: Outbox policies when it is full.
 DROP_OLDEST: Final = "drop-oldest"
@@ -60,12 +61,12 @@ class RuleSettings:
 
 @dataclass(frozen=True, slots=True)
 class OutboxSettings:
-    max_bytes: int = option(64 * 1024 * 1024, ge=1024)
-    max_messages: int = option(500_000, ge=1)
+    max_bytes: int = option(64 * 1024 * 1024, ge=1024, le=MAX_STORE_BYTES)
+    max_messages: int = option(500_000, ge=1, le=INT31)
     when_full: Literal["drop-oldest", "drop-newest", "refuse"] = option(DROP_OLDEST)
     #: Outbox bytes kept in memory; the rest waits on disk (with a data_dir) and is read
     #: back in pages as the uplink drains it.
-    memory_bytes: int = option(4 * 1024 * 1024, ge=64 * 1024)
+    memory_bytes: int = option(4 * 1024 * 1024, ge=64 * 1024, le=INT31)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,13 +93,13 @@ class BridgeSettings:
     #: Receive Maximum).
     max_inflight: int = option(100, ge=1, le=65535)
     #: Messages per second upstream; 0: as fast as the remote takes them.
-    rate_limit: float = option(0.0, ge=0)
+    rate_limit: float = option(0.0, ge=0, le=1_000_000.0)
     #: Wrap payloads in a JSON envelope carrying gateway id and sequence number (for
     #: MQTT 3.1.1 remotes, which have no user properties).
     envelope: bool = option(False)
-    reconnect_min: float = option(1.0, gt=0)
-    reconnect_max: float = option(60.0, gt=0)
-    connect_timeout: float = option(10.0, gt=0)
+    reconnect_min: float = option(1.0, gt=0, le=DAY)
+    reconnect_max: float = option(60.0, gt=0, le=DAY)
+    connect_timeout: float = option(10.0, gt=0, le=DAY)
 
     @property
     def version(self) -> int:

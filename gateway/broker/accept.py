@@ -16,8 +16,9 @@ from gateway.broker.context import Context
 from gateway.broker.delivery import pump, resend_inflight
 from gateway.broker.output import send
 from gateway.broker.state import Connection, Session, State
+from gateway.mqtt.codec import encode
 from gateway.mqtt.errors import MQTTError
-from gateway.mqtt.packets import MQTT_5, ConnAck, Connect, Will
+from gateway.mqtt.packets import MQTT_5, MQTT_31, MQTT_311, ConnAck, Connect, Will
 from gateway.mqtt.properties import EMPTY, Properties
 from gateway.mqtt.reason_codes import ReasonCode
 from gateway.mqtt.wire import VARINT_MAX
@@ -64,7 +65,6 @@ def accept(
         conn.peer_receive_max = props.receive_maximum or 65_535
         conn.peer_max_packet = props.maximum_packet_size
         conn.peer_alias_max = props.topic_alias_maximum or 0
-        conn.problem_info = props.request_problem_information != 0
     keep_alive = packet.keep_alive
     server_keep_alive: int | None = None
     if version == MQTT_5 and settings.max_keepalive and keep_alive > settings.max_keepalive:
@@ -78,23 +78,44 @@ def accept(
         expiry = 0 if packet.clean_start else settings.persistent_session_expiry
     granted_expiry = min(expiry, settings.max_session_expiry_interval)
 
+    # -- the CONNACK's properties; one the client could not receive refuses the CONNECT
+    # (MQTT-3.1.2-25: nothing larger than its Maximum Packet Size is sent to it)
+    ack_props = EMPTY
+    if version == MQTT_5:
+        ack_props = _connack_properties(
+            ctx, packet, client_id, assigned, expiry, granted_expiry, server_keep_alive
+        )
+        limit = conn.peer_max_packet
+        if limit is not None and len(encode(ConnAck(True, 0, ack_props), MQTT_5)) > limit:
+            raise Refused(
+                f"the CONNACK would exceed the client's maximum packet size of {limit}",
+                ReasonCode.PACKET_TOO_LARGE,
+            )
+
     # -- session takeover (MQTT-3.1.4-3): the old connection goes first
     if takeover:
         assert existing is not None and existing.conn is not None
         old = existing.conn
         log.info("client %r reconnected from %s: taking over its session", client_id, conn.peer)
+        if old.will is not None and not sessions.will_survives_takeover(
+            old.will, existing, packet.clean_start
+        ):
+            old.will = None
         fail(ctx, old, MQTTError("session taken over", ReasonCode.SESSION_TAKEN_OVER), now)
         existing = ctx.sessions.get(client_id)
 
     # -- session present or new (MQTT-3.1.2-4 .. -6)
     session_present = False
+    if existing is not None:
+        # A new connection for the client in time: a will waiting for its Will Delay
+        # Interval is not sent (MQTT-3.1.3-9), even if Clean Start ends the session.
+        sessions.resume(ctx, existing)
     if existing is not None and packet.clean_start:
         sessions.end(ctx, existing, now)
         existing = None
     if existing is not None:
         session = existing
         session_present = True
-        sessions.resume(ctx, session)
     else:
         session = Session(client_id)
         ctx.sessions[client_id] = session
@@ -115,40 +136,14 @@ def accept(
     ctx.connected += 1
     ctx.stats.clients_maximum = max(ctx.stats.clients_maximum, ctx.connected)
 
-    # -- CONNACK
-    ack_props: Properties = EMPTY
-    if version == MQTT_5:
-        values: dict[str, Any] = {}
-        if assigned:
-            values["assigned_client_identifier"] = client_id
-        if granted_expiry != expiry:
-            values["session_expiry_interval"] = granted_expiry
-        if settings.receive_maximum < 65_535:
-            values["receive_maximum"] = settings.receive_maximum
-        if settings.max_packet_size < VARINT_MAX + 5:
-            values["maximum_packet_size"] = settings.max_packet_size
-        if settings.topic_alias_maximum:
-            values["topic_alias_maximum"] = settings.topic_alias_maximum
-        if not settings.retain_available:
-            values["retain_available"] = 0
-        if not settings.wildcard_subscriptions:
-            values["wildcard_subscription_available"] = 0
-        if not settings.subscription_identifiers:
-            values["subscription_identifiers_available"] = 0
-        if not settings.shared_subscriptions:
-            values["shared_subscription_available"] = 0
-        if server_keep_alive is not None:
-            values["server_keep_alive"] = server_keep_alive
-        if props.request_response_information and settings.response_information_prefix:
-            values["response_information"] = settings.response_information_prefix + client_id
-        if values:
-            ack_props = Properties(**values)
-    send(ctx, conn, ConnAck(session_present, ReasonCode.SUCCESS, ack_props))
+    # -- CONNACK (MQTT 3.1 has no session present flag: that byte is reserved)
+    flag = session_present and version != MQTT_31
+    send(ctx, conn, ConnAck(flag, ReasonCode.SUCCESS, ack_props))
     log.info(
         "client %r connected from %s (MQTT %s, keep alive %d s, session %s)",
         client_id,
         conn.peer,
-        "5.0" if version == MQTT_5 else "3.1.1",
+        _VERSION_NAMES.get(version, str(version)),
         keep_alive,
         "resumed" if session_present else "new",
     )
@@ -156,6 +151,46 @@ def accept(
     if session_present:
         resend_inflight(ctx, session, conn, now)
         pump(ctx, session, now)
+
+
+_VERSION_NAMES = {MQTT_31: "3.1", MQTT_311: "3.1.1", MQTT_5: "5.0"}
+
+
+def _connack_properties(
+    ctx: Context,
+    packet: Connect,
+    client_id: str,
+    assigned: bool,
+    expiry: int,
+    granted_expiry: int,
+    server_keep_alive: int | None,
+) -> Properties:
+    """What an MQTT 5.0 CONNACK tells the client (MQTT 5.0 section 3.2.2.3)."""
+    settings = ctx.settings
+    values: dict[str, Any] = {}
+    if assigned:
+        values["assigned_client_identifier"] = client_id
+    if granted_expiry != expiry:
+        values["session_expiry_interval"] = granted_expiry
+    if settings.receive_maximum < 65_535:
+        values["receive_maximum"] = settings.receive_maximum
+    if settings.max_packet_size < VARINT_MAX + 5:
+        values["maximum_packet_size"] = settings.max_packet_size
+    if settings.topic_alias_maximum:
+        values["topic_alias_maximum"] = settings.topic_alias_maximum
+    if not settings.retain_available:
+        values["retain_available"] = 0
+    if not settings.wildcard_subscriptions:
+        values["wildcard_subscription_available"] = 0
+    if not settings.subscription_identifiers:
+        values["subscription_identifiers_available"] = 0
+    if not settings.shared_subscriptions:
+        values["shared_subscription_available"] = 0
+    if server_keep_alive is not None:
+        values["server_keep_alive"] = server_keep_alive
+    if packet.properties.request_response_information and settings.response_information_prefix:
+        values["response_information"] = settings.response_information_prefix + client_id
+    return Properties(**values) if values else EMPTY
 
 
 def _will_problem(ctx: Context, will: Will) -> tuple[int, str] | None:

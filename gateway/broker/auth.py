@@ -109,20 +109,32 @@ def parse_hash(text: str) -> PasswordHash:
     raise ValueError("unknown hash format (expected $7$... or $6$...)")
 
 
-def parse_password_file(text: str) -> dict[str, PasswordHash]:
-    """``user -> hash`` from a password file; blank lines and ``#`` comments skipped."""
+def parse_password_file(
+    text: str, skipped: list[PasswordFileError] | None = None
+) -> dict[str, PasswordHash]:
+    """``user -> hash`` from a password file; blank lines and ``#`` comments skipped.
+
+    A line that is not ``user:hash`` with a readable hash is skipped -- that user cannot
+    log in -- and reported in ``skipped`` (its line number and what is wrong, never the
+    hash): one typo must not lock every other user out, nor keep the gateway down
+    (Mosquitto skips such lines too).
+    """
     users: dict[str, PasswordHash] = {}
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
         user, sep, hashed = line.partition(":")
+        problem: PasswordFileError | None = None
         if not sep or not user:
-            raise PasswordFileError(number, "expected user:hash")
-        try:
-            users[user] = parse_hash(hashed)
-        except ValueError as exc:
-            raise PasswordFileError(number, f"user {user!r}: {exc}") from None
+            problem = PasswordFileError(number, "expected user:hash")
+        else:
+            try:
+                users[user] = parse_hash(hashed)
+            except ValueError as exc:
+                problem = PasswordFileError(number, f"user {user!r}: {exc}")
+        if problem is not None and skipped is not None:
+            skipped.append(problem)
     return users
 
 
@@ -172,7 +184,9 @@ class PasswordAuthenticator:
         if username is None or self.users is None:
             return ReasonCode.SUCCESS if self.allow_anonymous else ReasonCode.NOT_AUTHORIZED
         entry = self.users.get(username)
-        if entry is None or password is None:
+        if entry is None or not password:
+            # A zero-length password counts as none (as Mosquitto counts it): a file
+            # line whose hash is of the empty string lets no one in.
             return PasswordCheck(_dummy_hash(), password or b"", expected=False)
         return PasswordCheck(entry, password)
 

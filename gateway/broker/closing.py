@@ -57,7 +57,7 @@ def fail(ctx: Context, conn: Connection, error: MQTTError, now: float) -> None:
     else:
         log.info("closing %s: %s", conn.label, reason)
     if conn.version == MQTT_5 and conn.state is State.CONNECTED:
-        props = Properties(reason_string=reason) if reason else EMPTY
+        props = _problem(conn, reason)
         conn.held = None  # the DISCONNECT goes out now; held acknowledgements do not
         send(ctx, conn, Disconnect(code, props))
     close(ctx, conn, now, reason)
@@ -71,7 +71,7 @@ def _refuse(ctx: Context, conn: Connection, error: MQTTError) -> None:
         ctx.stats.connections_refused += 1
         log.warning("refusing connection %s: %s (%s)", conn.label, reason, describe(code))
         if conn.version == MQTT_5:
-            send(ctx, conn, ConnAck(False, code, Properties(reason_string=reason)))
+            send(ctx, conn, ConnAck(False, code, _problem(conn, reason)))
         else:
             send(ctx, conn, ConnAck(False, connack_311(code)))
         return
@@ -85,7 +85,14 @@ def _refuse(ctx: Context, conn: Connection, error: MQTTError) -> None:
         write(ctx, conn, encode(refusal, MQTT_311))
     elif error.protocol_version == MQTT_5:
         conn.version = MQTT_5
-        send(ctx, conn, ConnAck(False, code, Properties(reason_string=reason)))
+        send(ctx, conn, ConnAck(False, code, _problem(conn, reason)))
+
+
+def _problem(conn: Connection, reason: str) -> Properties:
+    """The reason string for a CONNACK or DISCONNECT: only for a client that did not
+    set Request Problem Information to 0 (MQTT 5.0 3.1.2.11.7; the spec would allow it
+    on these two packets, but the client said it does not want them)."""
+    return Properties(reason_string=reason) if reason and conn.problem_info else EMPTY
 
 
 def close(ctx: Context, conn: Connection, now: float, reason: str) -> None:

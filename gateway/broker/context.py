@@ -103,6 +103,9 @@ class Context:
         #: would have to be stored are refused until it can again.
         self.store_full = False
         self.shutting_down = False
+        #: Run once before the next input is read (set by the app from a signal
+        #: handler, so that e.g. a new ACL applies before any packet that follows it).
+        self.before_input: Callable[[], None] | None = None
         self.next_conn_id = 1
         # The connection pool: every slot allocated now, reused for the process's life.
         self.free = [

@@ -119,6 +119,9 @@ class Broker(Context):
     # ================================================================== dispatch
 
     def data_received(self, conn: Connection, data: bytes, now: float) -> None:
+        if self.before_input is not None:
+            hook, self.before_input = self.before_input, None
+            hook()
         self.begin()
         try:
             self._received(conn, data, now)

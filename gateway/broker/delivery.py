@@ -139,6 +139,9 @@ def deliver(
             if parts is None:
                 return
             data = parts[0]
+        elif conn.peer_max_packet is not None and len(data) > conn.peer_max_packet:
+            _too_large(ctx, conn, msg)  # the forwarded bytes are checked like encoded ones
+            return
         ctx.stats.publish_sent += 1
         write(ctx, conn, data)
         return
@@ -192,12 +195,14 @@ def send_new(ctx: Context, session: Session, conn: Connection, entry: Outgoing, 
     """Put ``entry`` in flight: a packet identifier, then the PUBLISH."""
     parts = encode_for(ctx, conn, entry.message, entry.qos, entry.retain, entry.sub_ids, False, now)
     journal = ctx.journal
+    pid = session.allocate_packet_id()
     if parts is None:
-        # Too large or expired: counted; treated as delivered (MQTT-3.1.2-25).
+        # Too large or expired: counted, and discarded as if it had been sent and
+        # acknowledged (MQTT-3.1.2-25) -- its packet identifier is used and freed at
+        # once, the window stays open and the next message follows.
         if journal is not None:
             journal.entry_done(session, entry)
         return
-    pid = session.allocate_packet_id()
     entry.packet_id = pid
     entry.state = Flow.AWAIT_ACK
     session.inflight[pid] = entry
@@ -247,14 +252,20 @@ def encode_for(
     )
     limit = conn.peer_max_packet
     if limit is not None and template_size(parts, qos) > limit:
-        ctx.stats.dropped_too_large += 1
-        log.debug("message on %r exceeds maximum packet size of %s", msg.topic, conn.label)
+        _too_large(ctx, conn, msg)
         return None
     if new_alias:
         if not conn.aliases_out:  # the shared empty map: this connection's own now
             conn.aliases_out = {}
         conn.aliases_out[msg.topic] = alias
     return parts
+
+
+def _too_large(ctx: Context, conn: Connection, msg: Message) -> None:
+    """A message larger than the client's Maximum Packet Size is not sent to it: it is
+    discarded for that client as if it had been sent (MQTT-3.1.2-24, -25), counted."""
+    ctx.stats.dropped_too_large += 1
+    log.debug("message on %r exceeds the maximum packet size of %s", msg.topic, conn.label)
 
 
 def pump(ctx: Context, session: Session, now: float) -> None:
@@ -269,7 +280,11 @@ def pump(ctx: Context, session: Session, now: float) -> None:
         entry = queue.popleft()
         session.queued_bytes -= entry.message.size
         if entry.message.expired(now):
+            # Expired while queued: discarded as if sent (its packet identifier is
+            # used up like Mosquitto's, so identifiers follow the same sequence).
             ctx.stats.dropped_expired += 1
+            if entry.qos:
+                session.allocate_packet_id()
             if ctx.journal is not None:
                 ctx.journal.entry_done(session, entry)
             continue

@@ -12,7 +12,7 @@ from gateway.broker.output import send
 from gateway.broker.state import Connection, LoginAttempt, State
 from gateway.mqtt.codec import PING_RESP
 from gateway.mqtt.errors import ProtocolError
-from gateway.mqtt.packets import MQTT_5, Auth, Connect, Disconnect, PingReq
+from gateway.mqtt.packets import MQTT_5, MQTT_31, Auth, Connect, Disconnect, PingReq
 from gateway.mqtt.reason_codes import ReasonCode
 
 log = logging.getLogger("ledge.broker")
@@ -35,6 +35,17 @@ def handle_connect(ctx: Context, conn: Connection, packet: Connect, now: float) 
     client_id = packet.client_id
     conn.client_id = client_id
     conn.username = packet.username
+    # MQTT-3.1.2-29: reason strings only to a client that did not decline them.
+    conn.problem_info = props.request_problem_information != 0
+
+    if version == MQTT_31 and not 1 <= len(client_id) <= settings.mqtt31_max_client_id:
+        # MQTT 3.1 section 3.1: a Client Identifier is 1 to 23 characters, else
+        # CONNACK 2 (identifier rejected); 3.1 has no assigned identifiers.
+        raise Refused(
+            f"MQTT 3.1 client identifier of {len(client_id)} characters "
+            f"(1 to {settings.mqtt31_max_client_id} allowed)",
+            ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+        )
 
     # -- client identifier (MQTT-3.1.3-6 .. -8)
     if not client_id:

@@ -6,6 +6,7 @@ What is checked on an inbound PUBLISH, and in which order, is ``publish_policy``
 from __future__ import annotations
 
 import logging
+from typing import NoReturn
 
 from gateway.broker.context import Context
 from gateway.broker.delivery import pump
@@ -13,6 +14,7 @@ from gateway.broker.output import send, write
 from gateway.broker.publish_policy import receive
 from gateway.broker.qos import Ack, after
 from gateway.broker.state import Connection, Flow, Outgoing, Session
+from gateway.mqtt.errors import ProtocolError
 from gateway.mqtt.fastpath import encode_ack
 from gateway.mqtt.packets import MQTT_5, PacketType, PubAck, PubComp, Publish, PubRec, PubRel
 from gateway.mqtt.reason_codes import ReasonCode
@@ -39,6 +41,8 @@ def handle_puback(ctx: Context, conn: Connection, packet: PubAck, now: float) ->
     session = conn.session
     assert session is not None
     entry = session.inflight.get(packet.packet_id)
+    if entry is not None and entry.qos == 2:
+        _wrong_kind("PUBACK", entry)
     if entry is None or after(entry.qos, entry.state, Ack.PUBACK) is None:
         log.debug("PUBACK from %s for unknown packet id %d", conn.label, packet.packet_id)
         return
@@ -50,6 +54,8 @@ def handle_pubrec(ctx: Context, conn: Connection, packet: PubRec, now: float) ->
     assert session is not None
     pid = packet.packet_id
     entry = session.inflight.get(pid)
+    if entry is not None and entry.qos == 1:
+        _wrong_kind("PUBREC", entry)
     ack = Ack.PUBREC_ERROR if packet.reason_code >= 0x80 else Ack.PUBREC
     state = after(entry.qos, entry.state, ack) if entry is not None else None
     if entry is None or state is None:
@@ -96,10 +102,21 @@ def handle_pubcomp(ctx: Context, conn: Connection, packet: PubComp, now: float) 
     session = conn.session
     assert session is not None
     entry = session.inflight.get(packet.packet_id)
+    if entry is not None and (entry.qos == 1 or entry.state is Flow.AWAIT_ACK):
+        _wrong_kind("PUBCOMP", entry)  # QoS 1, or QoS 2 before its PUBREC: no PUBREL yet
     if entry is None or after(entry.qos, entry.state, Ack.PUBCOMP) is None:
         log.debug("PUBCOMP from %s for unknown packet id %d", conn.label, packet.packet_id)
         return
     _done(ctx, session, entry, now)
+
+
+def _wrong_kind(ack: str, entry: Outgoing) -> NoReturn:
+    """An acknowledgement of the other QoS's flow for a message in flight: the client
+    breaks the flow of MQTT 5.0 4.3.2/4.3.3 (a QoS 1 PUBLISH is answered by PUBACK
+    only, a QoS 2 one by PUBREC, and PUBCOMP answers our PUBREL), a Protocol Error
+    (4.13): the connection is closed, with DISCONNECT 0x82 on MQTT 5.0 (Mosquitto
+    closes too)."""
+    raise ProtocolError(f"{ack} for packet id {entry.packet_id}, a QoS {entry.qos} message")
 
 
 def _done(ctx: Context, session: Session, entry: Outgoing, now: float) -> None:

@@ -8,16 +8,17 @@ from gateway.broker.context import Context
 from gateway.broker.delivery import deliver
 from gateway.broker.output import send
 from gateway.broker.state import Connection, Session, Subscription
-from gateway.mqtt.errors import MQTTError, ProtocolError
+from gateway.mqtt.errors import MalformedPacket, MQTTError, ProtocolError
 from gateway.mqtt.packets import (
     MQTT_5,
+    MQTT_31,
     SubAck,
     Subscribe,
     SubscriptionRequest,
     UnsubAck,
     Unsubscribe,
 )
-from gateway.mqtt.reason_codes import ReasonCode
+from gateway.mqtt.reason_codes import ReasonCode, describe
 from gateway.mqtt.topics import filter_error, has_wildcard, parse_shared, subsumes
 
 log = logging.getLogger("ledge.broker")
@@ -35,12 +36,26 @@ def handle_subscribe(ctx: Context, conn: Connection, packet: Subscribe, now: flo
                 ReasonCode.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED,
             )
         sub_id = packet.properties.subscription_identifiers[0]
+    # The whole packet is checked before any of it is applied: one filter that is not
+    # a topic filter makes the SUBSCRIBE malformed (MQTT 5.0 4.7.1, 4.7.3, 4.8.2).
+    parsed = [(request, _parse_filter(request.topic_filter)) for request in packet.subscriptions]
     codes: list[int] = []
     added: list[tuple[Subscription, bool]] = []
-    for request in packet.subscriptions:
-        code, sub, is_new = _subscribe_one(ctx, conn, session, request, sub_id)
-        if conn.version != MQTT_5 and code >= 0x80:
-            code = ReasonCode.UNSPECIFIED_ERROR  # 3.1.1 knows one failure code: 0x80
+    for request, shared in parsed:
+        code, sub, is_new = _subscribe_one(ctx, conn, session, request, shared, sub_id)
+        if code >= 0x80 and conn.version != MQTT_5:
+            if conn.version == MQTT_31:
+                # MQTT 3.1 SUBACKs carry granted QoS only: the refusal cannot be told,
+                # so the subscription is not made, the SUBACK grants, and it is logged.
+                log.warning(
+                    "subscription %r of MQTT 3.1 client %s not made (%s); its SUBACK cannot say so",
+                    request.topic_filter,
+                    conn.label,
+                    describe(code),
+                )
+                code = request.qos
+            else:
+                code = ReasonCode.UNSPECIFIED_ERROR  # 3.1.1 knows one failure code: 0x80
         codes.append(code)
         if sub is not None:
             added.append((sub, is_new))
@@ -58,20 +73,30 @@ def handle_subscribe(ctx: Context, conn: Connection, packet: Subscribe, now: flo
         _send_retained(ctx, session, sub, now)
 
 
+def _parse_filter(raw: str) -> tuple[str, str] | None:
+    """``(share name, filter)`` of a shared subscription, None for a plain filter; a
+    string that is not a topic filter makes the packet malformed."""
+    try:
+        shared = parse_shared(raw)
+    except ValueError as exc:
+        raise MalformedPacket(f"topic filter {raw!r}: {exc}") from None
+    if shared is None:
+        error = filter_error(raw)
+        if error:
+            raise MalformedPacket(f"topic filter {raw!r}: {error}")
+    return shared
+
+
 def _subscribe_one(
     ctx: Context,
     conn: Connection,
     session: Session,
     request: SubscriptionRequest,
+    shared: tuple[str, str] | None,
     sub_id: int | None,
 ) -> tuple[int, Subscription | None, bool]:
     settings = ctx.settings
     raw = request.topic_filter
-    try:
-        shared = parse_shared(raw)
-    except ValueError as exc:
-        log.info("refusing subscription %r of %s: %s", raw, conn.label, exc)
-        return ReasonCode.TOPIC_FILTER_INVALID, None, False
     if shared is not None:
         share_name, topic_filter = shared
         if not settings.shared_subscriptions:
@@ -81,10 +106,6 @@ def _subscribe_one(
             raise ProtocolError("No Local on a shared subscription")
     else:
         share_name, topic_filter = None, raw
-        error = filter_error(topic_filter)
-        if error:
-            log.info("refusing subscription %r of %s: %s", raw, conn.label, error)
-            return ReasonCode.TOPIC_FILTER_INVALID, None, False
     if not settings.wildcard_subscriptions and has_wildcard(topic_filter):
         return ReasonCode.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED, None, False
     denied = next((d for d in settings.deny_subscriptions if subsumes(d, topic_filter)), None)
@@ -93,8 +114,12 @@ def _subscribe_one(
         return settings.deny_subscription_code, None, False
     rules = conn.rules
     if rules is not None and not rules.can_subscribe(topic_filter):
-        log.info("refusing subscription %r of %s: not authorized by the ACL", raw, conn.label)
-        return ReasonCode.NOT_AUTHORIZED, None, False
+        if settings.acl_denied_subscribe == "refuse":
+            log.info("refusing subscription %r of %s: not authorized by the ACL", raw, conn.label)
+            return ReasonCode.NOT_AUTHORIZED, None, False
+        # "grant" (Mosquitto's way): the subscription is made and the ACL filters what
+        # it delivers, so nothing the client may not read reaches it.
+        log.info("subscription %r of %s can deliver nothing the ACL allows", raw, conn.label)
     is_new = raw not in session.subscriptions
     if is_new and len(session.subscriptions) >= settings.max_subscriptions_per_client:
         log.warning(
@@ -138,6 +163,8 @@ def _send_retained(ctx: Context, session: Session, sub: Subscription, now: float
 def handle_unsubscribe(ctx: Context, conn: Connection, packet: Unsubscribe, now: float) -> None:
     session = conn.session
     assert session is not None
+    for raw in packet.topic_filters:
+        _parse_filter(raw)  # MQTT 5.0 4.7: the packet is malformed, nothing is applied
     codes: list[int] = []
     for raw in packet.topic_filters:
         sub = session.subscriptions.pop(raw, None)
@@ -148,13 +175,5 @@ def handle_unsubscribe(ctx: Context, conn: Connection, packet: Unsubscribe, now:
                 ctx.journal.hold(conn)
             codes.append(ReasonCode.SUCCESS)
         else:
-            invalid = False
-            try:
-                inner = parse_shared(raw)
-                invalid = filter_error(inner[1] if inner else raw) is not None
-            except ValueError:
-                invalid = True
-            codes.append(
-                ReasonCode.TOPIC_FILTER_INVALID if invalid else ReasonCode.NO_SUBSCRIPTION_EXISTED
-            )
+            codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
     send(ctx, conn, UnsubAck(packet.packet_id, tuple(codes) if conn.version == MQTT_5 else ()))

@@ -68,6 +68,9 @@ def send(ctx: Context, conn: Connection, packet: Packet) -> None:
             return
         packet = _strip_problem_details(packet)
         data = encode(packet, conn.version or MQTT_311)
+        if len(data) > limit:
+            log.debug("not sending %s to %s: exceeds its maximum packet size", packet, conn.label)
+            return
     write(ctx, conn, data)
 
 

@@ -21,7 +21,7 @@ from gateway.broker.local import LocalClient, Sink
 from gateway.broker.state import Outgoing
 from gateway.mqtt.packets import Will
 from gateway.mqtt.properties import EMPTY
-from gateway.mqtt.topics import filter_error, has_wildcard, subsumes
+from gateway.mqtt.topics import SHARE_PREFIX, filter_error, has_wildcard, subsumes
 
 if TYPE_CHECKING:
     from gateway.broker.acl import Acl
@@ -92,6 +92,10 @@ class ProxyClient(LocalClient):
         if topic.startswith("$SYS"):
             broker.stats.publish_denied += 1
             return Refusal("$SYS belongs to the broker", NOT_AUTHORIZED)
+        if topic.startswith(SHARE_PREFIX):
+            # "$share/" names shared subscriptions, never a topic (as for MQTT clients).
+            broker.stats.publish_denied += 1
+            return Refusal("$share/ is not a topic", INVALID)
         rules = self.session.rules
         if rules is not None and not rules.can_write(topic):
             broker.stats.publish_denied += 1
@@ -158,8 +162,8 @@ class ProxyClient(LocalClient):
 
     def publish_will(self, topic: str, payload: bytes, qos: int, retain: bool, now: float) -> None:
         """The device was lost: publish its will as the broker publishes any will
-        (the ACL is checked again; ``$SYS`` is refused)."""
-        if topic.startswith("$SYS"):
+        (the ACL is checked again; ``$SYS`` and ``$share/`` are refused)."""
+        if topic.startswith(("$SYS", SHARE_PREFIX)):
             self.broker.stats.publish_denied += 1
             return
         broker = self.broker

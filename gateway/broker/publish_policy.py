@@ -11,8 +11,8 @@ differs. The order is what a client can observe, so it is fixed here once:
 3. the QoS 2 flow -- a re-sent QoS 2 PUBLISH is acknowledged again, never routed twice
    (MQTT-4.3.3-9); beyond our Receive Maximum is a violation (MQTT-3.3.4-9);
 4. payload -- a Payload Format Indicator of 1 on a payload that is not UTF-8 (0x99);
-5. authorization -- ``$SYS`` is read-only, then the ACL (0x87): the most specific
-   answer, so it comes before the gates;
+5. authorization -- ``$SYS`` is read-only, ``$share/`` is no topic (0x90), then the
+   ACL (0x87): the most specific answer, so it comes before the gates;
 6. gates -- the store is full and the message would be stored, or a bridge's full
    outbox refuses (0x97; MQTT 3.1.1 has no refusal: the connection is closed);
 7. quota -- the retained store is full (0x97 on MQTT 5.0, else not retained);
@@ -36,6 +36,7 @@ from gateway.mqtt.fastpath import encode_ack
 from gateway.mqtt.packets import MQTT_5, PacketType
 from gateway.mqtt.properties import EMPTY, Properties
 from gateway.mqtt.reason_codes import ReasonCode
+from gateway.mqtt.topics import SHARE_PREFIX
 
 log = logging.getLogger("ledge.broker")
 
@@ -111,6 +112,13 @@ def receive(
         stats.publish_denied += 1
         log.info("refusing PUBLISH from %s to %r: $SYS is read-only", conn.label, topic)
         code = _NOT_AUTHORIZED
+    elif topic.startswith(SHARE_PREFIX):
+        # "$share/" names shared subscriptions, never a topic: the name is refused like
+        # one the server does not accept (0x90 on MQTT 5.0; 3.1.1: acknowledged and
+        # dropped), counted as denied. MQTT 5.0 4.7.2: $-topics are the server's.
+        stats.publish_denied += 1
+        log.info("refusing PUBLISH from %s to %r: $share/ is not a topic", conn.label, topic)
+        code = ReasonCode.TOPIC_NAME_INVALID
     elif conn.rules is not None and not conn.rules.can_write(topic):
         # Not authorized by the ACL: MQTT 5.0 acknowledges with 0x87, MQTT 3.1.1 has no
         # negative acknowledgement and the message is dropped (as mosquitto does).

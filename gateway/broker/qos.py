@@ -5,7 +5,9 @@ h11's ``_state.py`` shape: the table is the documentation. An outbound message i
 from there each acknowledgement the subscriber sends moves it on, and ``DONE`` means
 it leaves the session. An acknowledgement with no row is for no message we have in
 that state: a PUBREC is answered with PUBREL 0x92 (Packet Identifier not found),
-PUBACK and PUBCOMP are ignored.
+PUBACK and PUBCOMP are ignored -- except an acknowledgement of the other QoS's flow for
+a message in flight (a PUBREC or PUBCOMP for QoS 1, a PUBACK for QoS 2), a protocol
+error that closes the connection (``handle_publish``).
 
 Inbound QoS 2 (a client publishing to us) is the spec's method A, in
 ``publish_policy``: the message is routed on PUBLISH and its packet identifier kept

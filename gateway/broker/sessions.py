@@ -74,6 +74,21 @@ def adopt(ctx: Context, session: Session, now: float) -> None:
             session.expiry_timer = ctx.timers.at(session.expires_at, _expiry_timer, (ctx, session))
 
 
+def will_survives_takeover(will: Will, session: Session, clean_start: bool) -> bool:
+    """Whether the will of a connection that a new CONNECT takes over is published.
+
+    The new Network Connection for the client is opened while the old one is still up,
+    so a will with a Will Delay Interval is not sent (MQTT-3.1.3-9). A will without one
+    is sent when the old session ends with the takeover -- it was not persistent
+    (Session Expiry Interval 0; 3.1.1 CleanSession 1) or the new CONNECT has Clean
+    Start -- and not when the session carries on into the new connection. One rule for
+    both protocol versions, and Mosquitto's.
+    """
+    if will.properties.will_delay_interval:
+        return False
+    return session.expiry_interval == 0 or clean_start
+
+
 def resume(ctx: Context, session: Session) -> None:
     """A client reconnected in time: no delayed will, no expiry (MQTT-3.1.3-9)."""
     session.will = None

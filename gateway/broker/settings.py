@@ -18,6 +18,15 @@ from gateway.mqtt.wire import VARINT_MAX
 #: Session Expiry Interval meaning "never expires" (MQTT 5.0 section 3.1.2.11.2).
 NEVER_EXPIRES: Final = 0xFFFF_FFFF
 
+# Upper bounds: every numeric option has one, and it is one the code can take (a test
+# runs the gateway with each option at its maximum).
+#: Counts and byte sizes kept in memory or handed to the transport (a C int).
+INT31: Final = 2**31 - 1
+#: Durations in seconds (timers, intervals, timeouts): one day.
+DAY: Final = 86_400.0
+#: Connection slots are allocated at start-up (about 4 KiB each).
+MAX_SLOTS: Final = 16_384
+
 
 def option(
     default: Any = MISSING,
@@ -57,39 +66,45 @@ def option(
 class BrokerSettings:
     """Every bound the core enforces (``[broker]``), with its default."""
 
-    max_connections: int = option(1024, ge=1)
-    max_packet_size: int = option(1_048_576, ge=64, le=VARINT_MAX + 5)
+    max_connections: int = option(1024, ge=1, le=MAX_SLOTS)
+    max_packet_size: int = option(1_048_576, ge=20, le=VARINT_MAX + 5)
     max_keepalive: int = option(60, reload=True, ge=0, le=65535)
-    connect_timeout: float = option(10.0, reload=True, gt=0)
+    connect_timeout: float = option(10.0, reload=True, gt=0, le=DAY)
     receive_maximum: int = option(100, ge=1, le=65535)
     max_inflight: int = option(100, reload=True, ge=1, le=65535)
-    max_queued_messages: int = option(1000, reload=True, ge=0)
-    max_queued_bytes: int = option(8 * 1024 * 1024, reload=True, ge=0)
+    max_queued_messages: int = option(1000, reload=True, ge=0, le=INT31)
+    max_queued_bytes: int = option(8 * 1024 * 1024, reload=True, ge=0, le=INT31)
     queue_qos0_offline: bool = option(False, reload=True)
     topic_alias_maximum: int = option(10, ge=0, le=65535)
     retain_available: bool = option(True)
-    max_retained_messages: int = option(10_000, ge=0)
-    max_retained_bytes: int = option(64 * 1024 * 1024, ge=0)
+    max_retained_messages: int = option(10_000, ge=0, le=INT31)
+    max_retained_bytes: int = option(64 * 1024 * 1024, ge=0, le=INT31)
     wildcard_subscriptions: bool = option(True)
     shared_subscriptions: bool = option(True)
     subscription_identifiers: bool = option(True)
-    max_subscriptions_per_client: int = option(4096, reload=True, ge=1)
+    max_subscriptions_per_client: int = option(4096, reload=True, ge=1, le=INT31)
     max_session_expiry_interval: int = option(NEVER_EXPIRES, reload=True, ge=0, le=NEVER_EXPIRES)
     persistent_session_expiry: int = option(NEVER_EXPIRES, reload=True, ge=0, le=NEVER_EXPIRES)
     allow_zero_length_client_id: bool = option(True, reload=True)
+    #: MQTT 3.1 limits a client identifier to 23 characters (3.1 section 3.1);
+    #: Mosquitto accepts longer ones (65535 does the same).
+    mqtt31_max_client_id: int = option(23, reload=True, ge=1, le=65535)
     assigned_client_id_prefix: str = option("ledge-", reload=True)
     deny_subscriptions: tuple[str, ...] = option((), reload=True)
     deny_subscription_reason: Literal["unspecified_error", "not_authorized"] = option(
         "unspecified_error", reload=True
     )
-    sys_interval: float = option(10.0, ge=0)
+    #: A SUBSCRIBE under which the ACL lets nothing be read: refused (SUBACK 0x87, 3.1.1
+    #: 0x80) or, Mosquitto's way, granted with deliveries filtered by the ACL.
+    acl_denied_subscribe: Literal["refuse", "grant"] = option("refuse", reload=True)
+    sys_interval: float = option(10.0, ge=0, le=DAY)
     response_information_prefix: str = option("response/", reload=True)
-    max_outbound_bytes: int = option(1024 * 1024, ge=1024)
-    slow_consumer_timeout: float = option(60.0, reload=True, ge=0)
+    max_outbound_bytes: int = option(1024 * 1024, ge=1024, le=INT31)
+    slow_consumer_timeout: float = option(60.0, reload=True, ge=0, le=DAY)
     route_cache_size: int = option(4096, internal=True)
     #: Failed-login slowdown (see gateway.broker.logins); 0 switches it off.
-    failed_login_delay: float = option(1.0, reload=True, section="auth", ge=0)
-    failed_login_delay_max: float = option(30.0, reload=True, section="auth", ge=0)
+    failed_login_delay: float = option(1.0, reload=True, section="auth", ge=0, le=DAY)
+    failed_login_delay_max: float = option(30.0, reload=True, section="auth", ge=0, le=DAY)
 
     @property
     def deny_subscription_code(self) -> ReasonCode:

@@ -15,6 +15,7 @@ from gateway.mqtt.errors import (
 from gateway.mqtt.framer import NEED_DATA, Framer, NeedData, PacketReader
 from gateway.mqtt.packets import (
     MQTT_5,
+    MQTT_31,
     MQTT_311,
     Auth,
     ConnAck,
@@ -42,6 +43,7 @@ from gateway.mqtt.reason_codes import ConnackCode311, ReasonCode
 __all__ = [
     "EMPTY",
     "MQTT_5",
+    "MQTT_31",
     "MQTT_311",
     "NEED_DATA",
     "Auth",

@@ -21,6 +21,7 @@ from gateway.mqtt.errors import (
 from gateway.mqtt.fastpath import encode_ack
 from gateway.mqtt.packets import (
     MQTT_5,
+    MQTT_31,
     MQTT_311,
     PACKET_TYPE,
     Auth,
@@ -44,6 +45,7 @@ from gateway.mqtt.packets import (
     Will,
 )
 from gateway.mqtt.properties import (
+    CONNACK_ORDER,
     EMPTY,
     EMPTY_ENCODED,
     Properties,
@@ -151,7 +153,9 @@ def decode(first_byte: int, body: Buffer, version: int) -> Packet:
         return _decode_publish(flags, body, version)
     if kind == 0 or (kind == PacketType.AUTH and version != MQTT_5):
         raise MalformedPacket(f"reserved packet type {kind}")
-    if flags != _REQUIRED_FLAGS.get(kind, 0):  # type: ignore[call-overload]
+    required = _REQUIRED_FLAGS.get(kind, 0)  # type: ignore[call-overload]
+    if flags != required and not (version == MQTT_31 and flags == required | 0x08):
+        # MQTT 3.1 let a re-sent PUBREL, SUBSCRIBE or UNSUBSCRIBE carry DUP (0x08).
         raise MalformedPacket(f"invalid fixed header flags 0x{flags:x} for packet type {kind}")
     return _DECODERS[kind](body, version)
 
@@ -168,11 +172,13 @@ def _decode_connect(body: Buffer, version: int) -> Connect:
         raise MalformedPacket("CONNECT ends before the protocol level")
     level = body[pos]
     pos += 1
-    if name != "MQTT":
-        if name == "MQIsdp":
-            raise UnsupportedProtocolVersion("MQTT 3.1 (MQIsdp) is not supported", level)
+    if name == "MQIsdp":
+        # MQTT 3.1: protocol name MQIsdp, level 3 (MQTT 3.1 section 3.1).
+        if level != MQTT_31:
+            raise UnsupportedProtocolVersion(f"MQIsdp protocol level {level} is not 3", level)
+    elif name != "MQTT":
         raise BadProtocolName(f"protocol name {name!r} is not MQTT")
-    if level not in SUPPORTED_VERSIONS:
+    elif level not in SUPPORTED_VERSIONS:
         raise UnsupportedProtocolVersion(f"protocol level {level} is not supported", level)
     try:
         return _decode_connect_rest(body, pos, end, level)
@@ -187,7 +193,7 @@ def _decode_connect_rest(body: Buffer, pos: int, end: int, level: int) -> Connec
     flags = body[pos]
     keep_alive = (body[pos + 1] << 8) | body[pos + 2]
     pos += 3
-    if flags & 0x01:
+    if flags & 0x01 and level != MQTT_31:  # MQTT 3.1 leaves the bit unused, not reserved
         raise MalformedPacket("CONNECT reserved flag is set")  # MQTT-3.1.2-3
     clean_start = bool(flags & 0x02)
     will_flag = bool(flags & 0x04)
@@ -199,7 +205,7 @@ def _decode_connect_rest(body: Buffer, pos: int, end: int, level: int) -> Connec
         raise MalformedPacket("will QoS is 3")  # MQTT-3.1.2-14
     if not will_flag and (will_qos or will_retain):
         raise MalformedPacket("will QoS or retain set without a will")  # MQTT-3.1.2-11, -13
-    if level == MQTT_311 and password_flag and not username_flag:
+    if level != MQTT_5 and password_flag and not username_flag:
         raise MalformedPacket("password flag set without user name flag")  # MQTT-3.1.2-22
     props = EMPTY
     if level == MQTT_5:
@@ -233,6 +239,7 @@ def _decode_connect_rest(body: Buffer, pos: int, end: int, level: int) -> Connec
         username=username,
         password=password,
         properties=props,
+        protocol_name="MQIsdp" if level == MQTT_31 else "MQTT",
     )
 
 
@@ -516,7 +523,8 @@ def _encode_connect(p: Connect, version: int) -> bytes:
 
 
 def _encode_connack(p: ConnAck, version: int) -> bytes:
-    body = bytes((1 if p.session_present else 0, p.reason_code)) + _props(p.properties, version)
+    props = encode_properties(p.properties, CONNACK_ORDER) if version == MQTT_5 else b""
+    body = bytes((1 if p.session_present else 0, p.reason_code)) + props
     return frame(0x20, body)
 
 

@@ -8,6 +8,9 @@ from typing import Final
 
 from gateway.mqtt.properties import EMPTY, Properties
 
+#: MQTT 3.1 (protocol name "MQIsdp", level 3): legacy clients, served by the 3.1.1 rules
+#: with the differences 3.1 defines (client identifier, CONNACK, SUBACK).
+MQTT_31: Final = 3
 MQTT_311: Final = 4
 MQTT_5: Final = 5
 

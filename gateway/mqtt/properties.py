@@ -205,12 +205,39 @@ _FIELD_ORDER: Final[tuple[tuple[int, str, int], ...]] = tuple(
 )
 
 
-def encode_properties(props: Properties) -> bytes:
-    """The property block: length (variable byte integer) then the properties."""
+def _order(names: tuple[str, ...]) -> tuple[tuple[int, str, int], ...]:
+    """Field order with ``names`` first, the rest by identifier."""
+    first = tuple((_ID_OF[n], n, SPEC[_ID_OF[n]][1]) for n in names)
+    return first + tuple(f for f in _FIELD_ORDER if f[1] not in names)
+
+
+#: CONNACK properties in the order Mosquitto writes them. The specification leaves the
+#: order free (MQTT 5.0 section 2.2.2.2); with Mosquitto's, captures of Mosquitto's
+#: CONNACKs (and its byte-exact test suite) match Ledge's byte for byte.
+CONNACK_ORDER: Final = _order(
+    (
+        "topic_alias_maximum",
+        "assigned_client_identifier",
+        "server_keep_alive",
+        "authentication_method",
+        "authentication_data",
+        "retain_available",
+        "maximum_packet_size",
+        "receive_maximum",
+        "maximum_qos",
+    )
+)
+
+
+def encode_properties(
+    props: Properties, order: tuple[tuple[int, str, int], ...] = _FIELD_ORDER
+) -> bytes:
+    """The property block: length (variable byte integer) then the properties, in
+    ``order`` (identifier order unless a packet has its own)."""
     if props is EMPTY:
         return EMPTY_ENCODED
     out = bytearray()
-    for pid, name, kind in _FIELD_ORDER:
+    for pid, name, kind in order:
         value = getattr(props, name)
         if value is None or value == ():
             continue

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from gateway.broker.settings import option
+from gateway.broker.settings import DAY, INT31, MAX_SLOTS, option
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +35,7 @@ class MqttSnSerialSettings:
 
     name: str = option(min_length=1)
     path: str = option(min_length=1)
-    baudrate: int = option(115200, gt=0)
+    baudrate: int = option(115200, gt=0, le=INT31)
     allow_client_ids: tuple[str, ...] = option(())
 
     @property
@@ -56,24 +56,24 @@ class MqttSnSettings:
     #: Topic id -> topic name, known to every client in advance.
     predefined_topics: dict[int, str] = option(factory=dict)
     #: Connected, sleeping and remembered clients together.
-    max_clients: int = option(1024, ge=1)
+    max_clients: int = option(1024, ge=1, le=MAX_SLOTS)
     #: Clients in the middle of their CONNECT (the Will prompts) at once.
-    max_connecting: int = option(64, ge=1)
+    max_connecting: int = option(64, ge=1, le=MAX_SLOTS)
     #: Longest message accepted or sent (octets, Length included).
     max_message_size: int = option(1024, ge=64, le=65535)
     #: Registered topics per client (REGISTER both ways, SUBACK ids).
     max_topics_per_client: int = option(64, ge=1, le=65534)
     #: Messages waiting for one client: while it sleeps, while one is in flight, while
     #: its topic is being registered. Policy when full: ``queue_policy``.
-    max_queued_messages: int = option(100, ge=1)
+    max_queued_messages: int = option(100, ge=1, le=INT31)
     queue_policy: Literal["drop-oldest", "drop-new"] = option("drop-oldest")
     #: Tretry and Nretry (section 6.13): resend an unacknowledged REGISTER, PUBLISH or
     #: PUBREL after ``retry_interval``; after ``max_retries`` resends the client is lost.
-    retry_interval: float = option(10.0, gt=0)
-    max_retries: int = option(5, ge=0)
+    retry_interval: float = option(10.0, gt=0, le=DAY)
+    max_retries: int = option(5, ge=0, le=65535)
     #: Time a CONNECT may take through its Will prompts.
-    connect_timeout: float = option(10.0, gt=0)
+    connect_timeout: float = option(10.0, gt=0, le=DAY)
     #: Accept QoS -1 PUBLISH (no connection; predefined and short topics only).
     qos_minus_one: bool = option(True)
     #: A client silent for keep-alive x this (or sleep duration x this) is lost.
-    keepalive_grace: float = option(1.5, ge=1.0)
+    keepalive_grace: float = option(1.5, ge=1.0, le=100.0)

@@ -7,6 +7,9 @@ from typing import Final, Literal
 
 from gateway.broker.settings import option
 
+#: SQLite's page count limit at 4 KiB pages, with room to spare: one TiB.
+MAX_STORE_BYTES: Final = 2**40
+
 
 @dataclass(frozen=True, slots=True)
 class StoreSettings:
@@ -16,7 +19,7 @@ class StoreSettings:
     durability: Literal["power", "process"] = option("power")
     on_corrupt: Literal["refuse", "move-aside"] = option("refuse")
     #: 0: only the disk limits it.
-    max_bytes: int = option(0, ge=0)
+    max_bytes: int = option(0, ge=0, le=MAX_STORE_BYTES)
     #: Seconds between attempts when the store is full.
     retry_interval: float = option(1.0, internal=True)
 
