@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from gateway.broker.settings import option
+from gateway.broker.settings import DAY, option
 from gateway.net.settings import TLSOptions
 
 
@@ -25,9 +25,9 @@ class HTTPSettings(TLSOptions):
     token_file: str | None = option(None)
     max_connections: int = option(16, ge=1, le=1024)
     max_header_bytes: int = option(8192, ge=1024, le=65536)
-    request_timeout: float = option(10.0, gt=0)
-    keepalive_timeout: float = option(5.0, gt=0)
-    max_requests: int = option(100, ge=1)
+    request_timeout: float = option(10.0, gt=0, le=DAY)
+    keepalive_timeout: float = option(5.0, gt=0, le=DAY)
+    max_requests: int = option(100, ge=1, le=1_000_000)
 
     @property
     def https(self) -> bool:
