@@ -44,7 +44,12 @@ class LedgeProcess:
     ``ports`` lists their ports in the order they were opened."""
 
     def __init__(
-        self, *args: str, config: Path | None = None, port: int = 0, listen: bool = True
+        self,
+        *args: str,
+        config: Path | None = None,
+        port: int = 0,
+        listen: bool = True,
+        open_files: tuple[int, int] | None = None,
     ) -> None:
         cmd = [sys.executable, "-m", "gateway", "run"]
         if listen:
@@ -59,6 +64,11 @@ class LedgeProcess:
         self.proc: subprocess.Popen[str] | None = None
         self._reader: threading.Thread | None = None
         self._terminated = False
+        if open_files is not None:
+            # util-linux's prlimit (Essential in Debian) sets the (soft, hard) open-file
+            # limit, then execs the gateway in its place.
+            soft, hard = open_files
+            self.cmd = ["prlimit", f"--nofile={soft}:{hard}", "--", *cmd]
 
     def start(self, timeout: float = 15.0, listeners: int = 1) -> LedgeProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
