@@ -3,7 +3,7 @@ ITERATIONS ?= 200
 ROWS ?= 1000000
 FUZZ_SECONDS ?= 600
 
-.PHONY: run test bench bench-quick bench-serial bench-bridge crash-test pipeline-bench fuzz
+.PHONY: run test bench bench-quick bench-serial bench-bridge bench-flood crash-test pipeline-bench fuzz mutate
 
 run:            ## start the gateway on the embedded default config
 	scripts/run
@@ -28,6 +28,11 @@ bench-serial:   ## sustained line rate of one serial device (a pty) into Ledge, 
 bench-bridge:   ## the bridge's outbox during an outage and its replay to Mosquitto (100,000 messages)
 	scripts/setup --test
 	.venv/bin/python -m bench.bridge
+
+bench-flood:    ## 1,700 sockets that never finish CONNECT against Ledge and Mosquitto (default configs; soft open-file limit as a service gets, then this shell's)
+	scripts/setup --test
+	.venv/bin/python -m bench.flood --open-files 1024:$$(ulimit -Hn)
+	.venv/bin/python -m bench.flood
 
 pipeline-bench: ## pipeline silver and gold rows/s over 1M generated rows on local[2], DuckDB beside it
 	scripts/setup --test

@@ -165,9 +165,13 @@ class LedgeProcess:
 class MosquittoProcess:
     """Debian's mosquitto on a free loopback port, anonymous access allowed."""
 
-    def __init__(self, workdir: Path, extra_config: str = "") -> None:
+    def __init__(
+        self, workdir: Path, extra_config: str = "", open_files: tuple[int, int] | None = None
+    ) -> None:
         self.workdir = workdir
         self.extra_config = extra_config
+        #: (soft, hard) open-file limit to start with (prlimit), None: this process's.
+        self.open_files = open_files
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -183,8 +187,11 @@ class MosquittoProcess:
             f"persistence false\n{self.extra_config}\n"
         )
         binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+        cmd = [binary, "-c", str(conf)]
+        if self.open_files is not None:
+            cmd = ["prlimit", f"--nofile={self.open_files[0]}:{self.open_files[1]}", "--", *cmd]
         self.proc = subprocess.Popen(
-            [binary, "-c", str(conf)],
+            cmd,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
