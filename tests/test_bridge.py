@@ -25,10 +25,6 @@ from tests.support.clients import Paho, Received
 from tests.support.procs import REPO, LedgeProcess, MosquittoProcess, free_port
 from tests.support.wait import wait_for
 
-pytestmark = pytest.mark.skipif(
-    not MosquittoProcess.available(), reason="Debian's mosquitto is not installed"
-)
-
 
 @dataclass
 class Cloud:
@@ -258,7 +254,15 @@ class Publisher:
 def test_a_full_outbox_applies_its_policy_and_counts(
     tmp_path: Path, cloud: Cloud, policy: str
 ) -> None:
-    cloud.port = free_port()
+    """The cloud's consumer has subscribed (a persistent session, kept on disk) before
+    the bridge can ever connect: whenever the bridge drains its outbox, every message
+    is queued for the consumer, however fast the replay is."""
+    cloud.extra = f"persistence true\npersistence_location {tmp_path}/\nuser root\n"
+    cloud.start()
+    first = Paho(cloud.port, "consumer").connect(clean=False, session_expiry=600)
+    first.subscribe("t/#", 1)
+    first.disconnect()
+    cloud.stop()  # the uplink is down from the start
     config = bridge_config(
         tmp_path,
         cloud.port,
@@ -277,10 +281,10 @@ def test_a_full_outbox_applies_its_policy_and_counts(
             assert codes == [0] * 80
             wait_bridge(proc, "dropped/full", "30")
         assert bridge_values(proc)["queued"] == "50"
-        cloud.start()
-        up = Paho(cloud.port, "consumer").connect()
-        up.subscribe("t/#", 1)
+        cloud.start()  # on the same port, with the consumer's session
         wait_bridge(proc, "queued", "0")
+        up = Paho(cloud.port, "consumer").connect(clean=False, session_expiry=600)
+        assert up.session_present
         got = [int(m.payload) for m in up.wait_messages(50)]
         expected = list(range(30, 80)) if policy == "drop-oldest" else list(range(50))
         assert got == expected

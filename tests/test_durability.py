@@ -137,10 +137,9 @@ def test_full_store_refuses_qos1_for_persistent_sessions_and_serves_the_rest(
         live.subscribe("other/#", 1)
         pub = Paho(port, "full-pub", 5).connect()
         codes: list[int] = []
-        pub.client.on_publish = lambda c, u, mid, rc, props: codes.append(rc.value)
         for _ in range(400):
-            pub.client.publish("full/x", b"p" * 1000, 1).wait_for_publish(10)
-            if codes and codes[-1] == 0x97:
+            codes.append(pub.publish_code("full/x", b"p" * 1000, 1))
+            if codes[-1] == 0x97:
                 break
         assert codes[0] == 0x00  # accepted and stored while there was room
         assert codes[-1] == 0x97  # then refused: quota exceeded

@@ -50,6 +50,7 @@ class LedgeProcess:
         port: int = 0,
         listen: bool = True,
         open_files: tuple[int, int] | None = None,
+        tracebacks: bool = False,
     ) -> None:
         cmd = [sys.executable, "-m", "gateway", "run"]
         if listen:
@@ -64,6 +65,9 @@ class LedgeProcess:
         self.proc: subprocess.Popen[str] | None = None
         self._reader: threading.Thread | None = None
         self._terminated = False
+        #: A test that makes the gateway log a traceback on purpose (a tap that raises)
+        #: says so; any other traceback fails ``stop``.
+        self.tracebacks = tracebacks
         if open_files is not None:
             # util-linux's prlimit (Essential in Debian) sets the (soft, hard) open-file
             # limit, then execs the gateway in its place.
@@ -142,7 +146,8 @@ class LedgeProcess:
             proc.stderr.close()
 
     def stop(self, timeout: float = 10.0) -> int:
-        """SIGTERM (unless already sent), then wait; returns the exit code."""
+        """SIGTERM (unless already sent), then wait; returns the exit code. Fails when
+        the gateway logged a traceback (unless the test expects one)."""
         proc = self.proc
         if proc is None:
             return 0
@@ -159,6 +164,8 @@ class LedgeProcess:
             self._reader.join(5)
         if proc.stderr is not None:
             proc.stderr.close()
+        if not self.tracebacks:
+            assert "Traceback" not in self.log, f"a traceback in ledge's log:\n{self.log}"
         return proc.returncode
 
 
@@ -179,7 +186,18 @@ class MosquittoProcess:
     def available() -> bool:
         return shutil.which("mosquitto") is not None or Path("/usr/sbin/mosquitto").exists()
 
+    @classmethod
+    def require(cls) -> None:
+        """Fail loudly without Debian's mosquitto: the tests that need it are never
+        skipped, so a machine without it cannot pass them by not running them."""
+        if not cls.available():
+            raise AssertionError(
+                "Debian's mosquitto is not installed: run scripts/setup --test "
+                "(apt-get install mosquitto mosquitto-clients)"
+            )
+
     def start(self, port: int | None = None, timeout: float = 10.0) -> MosquittoProcess:
+        self.require()
         self.port = port or free_port()
         conf = self.workdir / f"mosquitto-{self.port}.conf"
         conf.write_text(
