@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,8 @@ class Received:
     qos: int
     retain: bool
     properties: Any = None
+    #: When it arrived (``time.monotonic()``).
+    at: float = 0.0
 
 
 @dataclass
@@ -84,6 +87,7 @@ class Paho:
                     msg.qos,
                     bool(msg.retain),
                     getattr(msg, "properties", None),
+                    time.monotonic(),
                 )
             )
 
@@ -186,14 +190,18 @@ class Paho:
     def disconnect(self) -> None:
         self.client.disconnect()
         self.client.loop_stop()
+        self._release()
+
+    def _release(self) -> None:
+        """Close paho's sockets, its wake-up socket pair included (paho leaves that
+        pair open when a connection ends in some ways)."""
+        self.client._reset_sockets()
 
     def close(self) -> None:
         """Stop the loop and close the socket, whatever state the connection is in
         (the server may have closed it)."""
         self.client.loop_stop()
-        sock = self.client.socket()
-        if sock is not None:
-            sock.close()
+        self._release()
 
     def kill(self) -> None:
         """Break the connection without DISCONNECT (so the will fires)."""
