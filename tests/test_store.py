@@ -139,6 +139,67 @@ def test_puback_is_held_until_the_store_commits(durable: Durable) -> None:
     assert pub.take() == [PubAck(7)]
 
 
+HELD_CASES = {
+    # The general path (decoded PUBLISH), each way a message is stored.
+    "qos2-pubrec": (Publish("t/x", b"stored", 2, packet_id=7), PubRec(7)),
+    "qos1-retained": (Publish("t/x", b"stored", 1, retain=True, packet_id=7), PubAck(7)),
+    "qos2-retained": (Publish("t/x", b"stored", 2, retain=True, packet_id=7), PubRec(7)),
+    "qos1-properties": (
+        Publish("t/x", b"stored", 1, packet_id=7, properties=Properties(content_type="text")),
+        PubAck(7),
+    ),
+    "qos2-properties": (
+        Publish(
+            "t/x", b"stored", 2, packet_id=7, properties=Properties(user_properties=(("k", "v"),))
+        ),
+        PubRec(7),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", HELD_CASES)
+def test_every_acknowledgement_that_promises_storage_waits_for_the_commit(
+    durable: Durable, case: str
+) -> None:
+    """PUBACK / PUBREC leave only after the store committed the message (a persistent
+    subscriber's queue, the retained store), on every path, and the message is then
+    really there after a restart."""
+    packet, ack = HELD_CASES[case]
+    sub = persistent_sub(durable)
+    sub.send(Disconnect())
+    pub = durable.h.client()
+    pub.connect("pub")
+    pub.send(packet)
+    assert pub.take() == []  # not yet: the message is not durable
+    durable.commit()
+    assert pub.take() == [ack]
+    again = durable.restart()
+    try:
+        back = again.h.client()
+        back.connect("sub", clean_start=False, session_expiry_interval=3600)
+        again.commit()  # its packet id is stored before it goes out
+        got = back.publishes()
+        assert [(p.topic, p.payload, p.qos) for p in got] == [("t/x", b"stored", packet.qos)]
+        assert got[0].properties.content_type == packet.properties.content_type
+        assert got[0].properties.user_properties == packet.properties.user_properties
+        if packet.retain:
+            fresh = again.h.client()
+            fresh.connect("fresh")
+            fresh.subscribe("t/#", 1)
+            assert [p.payload for p in fresh.publishes()] == [b"stored"]
+    finally:
+        again.close()
+
+
+def test_a_retained_message_without_subscribers_is_held_too(durable: Durable) -> None:
+    pub = durable.h.client()
+    pub.connect("pub")
+    pub.send(Publish("r/x", b"kept", 1, retain=True, packet_id=3))
+    assert pub.take() == []
+    durable.commit()
+    assert pub.take() == [PubAck(3, ReasonCode.NO_MATCHING_SUBSCRIBERS)]
+
+
 def test_acknowledgements_keep_their_order_behind_held_ones(durable: Durable) -> None:
     """MQTT-4.6.0-2: PUBACKs in the order of the PUBLISHes, even when only some wait."""
     sub = persistent_sub(durable)
