@@ -291,17 +291,80 @@ def test_home_assistant_discovery_config() -> None:
         gateway_status_topic="ledge/gw1/status",
         device_status_topic="ledge/gw1/serial/env1/status",
     )
+    # <discovery_prefix>/<component>/<node_id>/<object_id>/config, as the README says.
     assert topic == "homeassistant/sensor/gw1_env1/temperature/config"
-    body = json.loads(payload)
-    assert body["device_class"] == "temperature"
-    assert body["value_template"] == "{{ value_json.value }}"
-    assert body["unit_of_measurement"] == "°C"
-    assert body["device"]["identifiers"] == ["ledge_gw1_env1"]
-    assert body["device"]["via_device"] == "ledge_gw1"
-    assert [a["topic"] for a in body["availability"]] == [
-        "ledge/gw1/status",
-        "ledge/gw1/serial/env1/status",
-    ]
+    assert json.loads(payload) == {
+        "name": "temperature",
+        "unique_id": "ledge_gw1_env1_temperature",
+        "object_id": "ledge_gw1_env1_temperature",
+        "state_topic": "ledge/gw1/serial/env1/temperature",
+        "availability": [
+            {"topic": "ledge/gw1/status"},
+            {"topic": "ledge/gw1/serial/env1/status"},
+        ],
+        # Both must be online: a gateway that is up does not make a dead device available.
+        "availability_mode": "all",
+        "device": {
+            "identifiers": ["ledge_gw1_env1"],
+            "name": "env1",
+            "manufacturer": "Ledge",
+            "model": "serial",
+            "via_device": "ledge_gw1",
+        },
+        "value_template": "{{ value_json.value }}",
+        "unit_of_measurement": "°C",
+        "state_class": "measurement",
+        "device_class": "temperature",
+    }
+
+
+def test_home_assistant_discovery_of_a_plain_text_quantity_without_a_class() -> None:
+    topic, payload = homeassistant.sensor_config(
+        discovery_prefix="ha",
+        gateway="gw 1",
+        driver="serial",
+        device="door",
+        quantity="state_open",
+        unit="",
+        numeric=False,
+        state_topic="ledge/gw 1/serial/door/state_open",
+        json_payload=False,
+        gateway_status_topic="ledge/gw 1/status",
+        device_status_topic="ledge/gw 1/serial/door/status",
+    )
+    assert topic == "ha/sensor/gw_1_door/state_open/config"
+    assert json.loads(payload) == {
+        "name": "state open",
+        "unique_id": "ledge_gw_1_door_state_open",
+        "object_id": "ledge_gw_1_door_state_open",
+        "state_topic": "ledge/gw 1/serial/door/state_open",
+        "availability": [
+            {"topic": "ledge/gw 1/status"},
+            {"topic": "ledge/gw 1/serial/door/status"},
+        ],
+        "availability_mode": "all",
+        "device": {
+            "identifiers": ["ledge_gw_1_door"],
+            "name": "door",
+            "manufacturer": "Ledge",
+            "model": "serial",
+            "via_device": "ledge_gw_1",
+        },
+    }
+
+
+def test_home_assistant_discovery_of_the_gateway() -> None:
+    topic, payload = homeassistant.gateway_config("homeassistant", "gw1", "ledge/gw1/status")
+    assert topic == "homeassistant/binary_sensor/gw1/status/config"
+    assert json.loads(payload) == {
+        "name": "connectivity",
+        "unique_id": "ledge_gw1_status",
+        "state_topic": "ledge/gw1/status",
+        "payload_on": "online",
+        "payload_off": "offline",
+        "device_class": "connectivity",
+        "device": {"identifiers": ["ledge_gw1"], "name": "Ledge gw1", "manufacturer": "Ledge"},
+    }
 
 
 @pytest.mark.parametrize(
