@@ -51,6 +51,7 @@ class LedgeProcess:
         listen: bool = True,
         open_files: tuple[int, int] | None = None,
         tracebacks: bool = False,
+        wrapper: tuple[str, ...] = (),
     ) -> None:
         cmd = [sys.executable, "-m", "gateway", "run"]
         if listen:
@@ -58,7 +59,8 @@ class LedgeProcess:
         if config is not None:
             cmd += ["--config", str(config)]
         cmd += list(args)
-        self.cmd = cmd
+        #: A command that execs the gateway in its place (same process id).
+        self.cmd = [*wrapper, *cmd]
         self.lines: list[str] = []
         self.port = 0
         self.ports: list[int] = []
@@ -72,7 +74,7 @@ class LedgeProcess:
             # util-linux's prlimit (Essential in Debian) sets the (soft, hard) open-file
             # limit, then execs the gateway in its place.
             soft, hard = open_files
-            self.cmd = ["prlimit", f"--nofile={soft}:{hard}", "--", *cmd]
+            self.cmd = ["prlimit", f"--nofile={soft}:{hard}", "--", *self.cmd]
 
     def start(self, timeout: float = 15.0, listeners: int = 1) -> LedgeProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
