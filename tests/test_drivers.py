@@ -277,6 +277,34 @@ def test_reading_from_bad_message(topic: str, payload: bytes) -> None:
         reading_from_message(topic, payload)
 
 
+def temperature_discovery(device: str) -> dict[str, object]:
+    """The whole discovery payload of gateway gw1's serial device's temperature in °C,
+    as Home Assistant must receive it (written out by hand, not by the code under test)."""
+    return {
+        "name": "temperature",
+        "unique_id": f"ledge_gw1_{device}_temperature",
+        "object_id": f"ledge_gw1_{device}_temperature",
+        "state_topic": f"ledge/gw1/serial/{device}/temperature",
+        "availability": [
+            {"topic": "ledge/gw1/status"},
+            {"topic": f"ledge/gw1/serial/{device}/status"},
+        ],
+        # Both must be online: a gateway that is up does not make a dead device available.
+        "availability_mode": "all",
+        "device": {
+            "identifiers": [f"ledge_gw1_{device}"],
+            "name": device,
+            "manufacturer": "Ledge",
+            "model": "serial",
+            "via_device": "ledge_gw1",
+        },
+        "value_template": "{{ value_json.value }}",
+        "unit_of_measurement": "°C",
+        "state_class": "measurement",
+        "device_class": "temperature",
+    }
+
+
 def test_home_assistant_discovery_config() -> None:
     topic, payload = homeassistant.sensor_config(
         discovery_prefix="homeassistant",
@@ -293,29 +321,7 @@ def test_home_assistant_discovery_config() -> None:
     )
     # <discovery_prefix>/<component>/<node_id>/<object_id>/config, as the README says.
     assert topic == "homeassistant/sensor/gw1_env1/temperature/config"
-    assert json.loads(payload) == {
-        "name": "temperature",
-        "unique_id": "ledge_gw1_env1_temperature",
-        "object_id": "ledge_gw1_env1_temperature",
-        "state_topic": "ledge/gw1/serial/env1/temperature",
-        "availability": [
-            {"topic": "ledge/gw1/status"},
-            {"topic": "ledge/gw1/serial/env1/status"},
-        ],
-        # Both must be online: a gateway that is up does not make a dead device available.
-        "availability_mode": "all",
-        "device": {
-            "identifiers": ["ledge_gw1_env1"],
-            "name": "env1",
-            "manufacturer": "Ledge",
-            "model": "serial",
-            "via_device": "ledge_gw1",
-        },
-        "value_template": "{{ value_json.value }}",
-        "unit_of_measurement": "°C",
-        "state_class": "measurement",
-        "device_class": "temperature",
-    }
+    assert json.loads(payload) == temperature_discovery("env1")
 
 
 def test_home_assistant_discovery_of_a_plain_text_quantity_without_a_class() -> None:
