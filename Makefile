@@ -2,6 +2,7 @@
 ITERATIONS ?= 200
 ROWS ?= 1000000
 FUZZ_SECONDS ?= 600
+MUTATE ?=
 
 .PHONY: run test bench bench-quick bench-serial bench-bridge bench-flood crash-test pipeline-bench fuzz mutate
 
@@ -37,6 +38,11 @@ bench-flood:    ## 1,700 sockets that never finish CONNECT against Ledge and Mos
 pipeline-bench: ## pipeline silver and gold rows/s over 1M generated rows on local[2], DuckDB beside it
 	scripts/setup --test
 	.venv/bin/python -m bench.pipeline --rows $(ROWS)
+
+mutate:         ## mutation testing (mutmut) of gateway/mqtt, gateway/broker, gateway/bridge with their fast tests; report in .mutate/report.md (hours of CPU)
+	scripts/setup --test
+	.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[mutate]"
+	.venv/bin/python -m bench.mutate $(MUTATE)
 
 fuzz:           ## coverage-guided fuzzing of codec, codec hot paths, connection state machine and WebSocket reader, FUZZ_SECONDS per target
 	scripts/setup --test
