@@ -1,10 +1,10 @@
 # Convenience targets; each sets up what it needs first (scripts/setup).
 ITERATIONS ?= 200
-ROWS ?= 1000000
+PIPELINE_LINES ?= 250000 1000000 4000000
 FUZZ_SECONDS ?= 600
 MUTATE ?=
 
-.PHONY: run test bench bench-quick bench-serial bench-bridge bench-flood crash-test pipeline-bench fuzz mutate
+.PHONY: run test bench bench-quick bench-serial bench-ble bench-bridge bench-flood bench-mqttsn crash-test pipeline-bench fuzz mutate
 
 run:            ## start the gateway on the embedded default config
 	scripts/run
@@ -26,6 +26,10 @@ bench-serial:   ## sustained line rate of one serial device (a pty) into Ledge, 
 	scripts/setup --test
 	.venv/bin/python -m bench.serial
 
+bench-ble:      ## BLE decoders beside the PyPI reference decoders; 50 devices end to end through bleak and a fake BlueZ
+	scripts/setup --test
+	.venv/bin/python -m bench.ble
+
 bench-bridge:   ## the bridge's outbox during an outage and its replay to Mosquitto (100,000 messages)
 	scripts/setup --test
 	.venv/bin/python -m bench.bridge
@@ -35,9 +39,13 @@ bench-flood:    ## 1,700 sockets that never finish CONNECT against Ledge and Mos
 	.venv/bin/python -m bench.flood --open-files 1024:$$(ulimit -Hn)
 	.venv/bin/python -m bench.flood
 
-pipeline-bench: ## pipeline silver and gold rows/s over 1M generated rows on local[2], DuckDB beside it
+bench-mqttsn:   ## firmware bridge: MQTT-SN/UDP vs MQTT/TCP PUBLISH/s, RSS per idle client, 1,000-client sleep soak (~12 min)
 	scripts/setup --test
-	.venv/bin/python -m bench.pipeline --rows $(ROWS)
+	.venv/bin/python -m bench.mqttsn
+
+pipeline-bench: ## ledge-pipeline run on local[2] (fresh JVM) at 0.25M, 1M and 4M landing lines, DuckDB beside it
+	scripts/setup --test
+	.venv/bin/python -m bench.pipeline $(addprefix --lines ,$(PIPELINE_LINES))
 
 mutate:         ## mutation testing (mutmut) of gateway/mqtt, gateway/broker, gateway/bridge with their fast tests; report in .mutate/report.md (hours of CPU)
 	scripts/setup --test

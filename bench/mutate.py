@@ -75,13 +75,18 @@ IMPORT_TIME: tuple[str, ...] = (
 STATUS = {
     1: "killed",
     3: "killed",  # the test run crashed: caught
-    -24: "timeout",
+    37: "killed",  # caught by mutmut's type check
+    -24: "timeout",  # SIGXCPU
     24: "timeout",
     36: "timeout",
+    152: "timeout",
+    255: "timeout",
+    -9: "timeout",  # SIGKILL after the CPU limit
     0: "survived",
     5: "no tests",
     33: "no tests",
     34: "skipped",
+    2: "not checked",  # interrupted
     None: "not checked",
 }
 

@@ -1,31 +1,37 @@
-"""``python -m bench.pipeline``: silver and gold throughput on ``local[2]``, DuckDB beside it.
+"""``python -m bench.pipeline``: ``ledge-pipeline run`` as a user runs it, DuckDB beside it.
 
-Generates a fleet's landing files (``pipeline.generate``: redeliveries, a day-late
-backlog, malformed input), then times, in one process:
+For each size (landing lines, default 0.25M, 1M and 4M) it generates a fleet's landing
+files once (``pipeline.generate``: redeliveries, a day-late backlog, malformed input;
+kept under ``--dir`` for the next run), then in one run:
 
-- **silver**: ``jobs.silver`` (parse, open, deduplicate exactly, quarantine, write);
-- **gold**: ``jobs.gold`` (1-minute and 1-hour aggregates, gaps, fleet health, write);
-- **duckdb**: the reference, the same landing files -> dedup by (gateway, seq) -> per
-  sensor 1-minute and 1-hour count/min/max/mean, in one SQL statement, into Parquet.
+- **spark**: ``ledge-pipeline run --master local[2]`` in a fresh process (JVM start, the
+  session, silver and gold, Parquet written) on an empty root, wall clock;
+- **duckdb**: the reference on the same landing files: dedup by (gateway, seq) -> per
+  sensor 1-minute and 1-hour count/min/max/mean into Parquet, wall clock of the queries
+  (DuckDB starts in microseconds);
 
-Rows/s counts landing lines in. The JVM's start is not timed (one session serves both
-phases); a first, smaller warm-up run is, separately. Needs the ``pipeline-bench`` extra.
+and prints the ratio. The Spark run keeps an event log; from it the report shows that
+silver scans each landing line once (the stages that read landing JSON and the lines
+they read) and the slowest stages. Load on the machine is printed beside each run
+(two cores shared with other jobs make single runs noisy: repeat with ``--repeat``).
+Needs the ``pipeline-bench`` extra.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline import jobs
-from pipeline.config import PipelineConfig
 from pipeline.generate import Spec, generate, write_landing
-from pipeline.session import build
-from pipeline.storage import Layout
 
 DUCKDB_SQL = """
 COPY (
@@ -57,9 +63,34 @@ COPY (
   GROUP BY ALL
 ) TO '{out}' (FORMAT parquet)
 """
+SIZES = (250_000, 1_000_000, 4_000_000)
 
 
-def duckdb_reference(root: Path, threads: int) -> tuple[float, int]:
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"{one:.1f}/{five:.1f}"
+
+
+def landing(cache: Path, lines: int) -> tuple[Path, int]:
+    """Landing files of about ``lines`` lines, generated once into ``cache``."""
+    folder = cache / f"fleet-{lines}"
+    done = folder / "lines.txt"
+    if not done.exists():
+        shutil.rmtree(folder, ignore_errors=True)
+        started = time.perf_counter()
+        # 1.0386 landing lines per reading asked for (redeliveries, health reports, faults)
+        messages, _ = generate(Spec(readings=int(lines / 1.0386), envelope_gateways=0))
+        write_landing(folder, messages)
+        done.write_text(str(len(messages)))
+        print(
+            f"generated {len(messages):,} landing lines in {time.perf_counter() - started:.0f} s",
+            flush=True,
+        )
+        del messages
+    return folder / "landing", int(done.read_text())
+
+
+def duckdb_reference(landing_dir: Path, out: Path, threads: int) -> float:
     import duckdb
 
     con = duckdb.connect()
@@ -67,75 +98,116 @@ def duckdb_reference(root: Path, threads: int) -> tuple[float, int]:
     con.execute("SET TimeZone = 'UTC'")
     started = time.perf_counter()
     for bucket in ("minute", "hour"):
-        out = root / f"duckdb_{bucket}.parquet"
-        con.execute(DUCKDB_SQL.format(landing=root / "landing", bucket=bucket, out=out))
+        target = out / f"duckdb_{bucket}.parquet"
+        con.execute(DUCKDB_SQL.format(landing=landing_dir, bucket=bucket, out=target))
+    return time.perf_counter() - started
+
+
+@dataclass
+class SparkRun:
+    seconds: float
+    log: str
+    event_log: Path
+
+
+def spark_run(landing_dir: Path, root: Path, master: str, conf: Sequence[str]) -> SparkRun:
+    """``ledge-pipeline run`` in a fresh process on a root holding only the landing files."""
+    root.mkdir(parents=True)
+    (root / "landing").symlink_to(landing_dir)
+    events = root.parent / f"{root.name}-events"
+    events.mkdir()
+    command = [
+        sys.executable, "-m", "pipeline", "run", "--root", str(root), "--master", master,
+        "--quiet", "--conf", "spark.eventLog.enabled=true",
+        "--conf", f"spark.eventLog.dir={events.as_uri()}",
+        "--conf", "spark.eventLog.compress=false",
+        *[x for c in conf for x in ("--conf", c)],
+    ]  # fmt: skip
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - started
-    row = con.execute(f"SELECT sum(n) FROM '{root / 'duckdb_minute.parquet'}'").fetchone()
-    return seconds, int(row[0]) if row else 0
+    if done.returncode != 0:
+        raise RuntimeError(f"ledge-pipeline run failed:\n{done.stderr[-4000:]}")
+    # one file, or (rolling event logs) a folder of parts
+    (log,) = list(events.iterdir())
+    return SparkRun(seconds, done.stderr, log)
+
+
+def read_events(path: Path) -> tuple[int, int, list[tuple[float, str]]]:
+    """(stages that read landing JSON, landing lines they read, slowest stages)."""
+    scans = lines = 0
+    stages: list[tuple[float, str]] = []
+    parts = sorted(path.glob("events_*")) if path.is_dir() else [path]
+    for part in parts:
+        for raw in part.read_text().splitlines():
+            event = json.loads(raw)
+            if event.get("Event") != "SparkListenerStageCompleted":
+                continue
+            info = event["Stage Info"]
+            scopes = " ".join(r.get("Scope", "") for r in info.get("RDD Info", []))
+            took = (info.get("Completion Time", 0) - info.get("Submission Time", 0)) / 1000
+            stages.append((took, f"stage {info['Stage ID']}: {info['Stage Name'][:60]}"))
+            if "Scan json" in scopes:
+                scans += 1
+                lines += sum(
+                    int(a.get("Value", 0))
+                    for a in info.get("Accumulables", [])
+                    if a.get("Name") == "internal.metrics.input.recordsRead"
+                )
+    return scans, lines, sorted(stages, reverse=True)[:6]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.pipeline", description=__doc__)
-    parser.add_argument("--rows", type=int, default=1_000_000, help="readings to generate")
+    parser.add_argument(
+        "--lines",
+        type=int,
+        action="append",
+        help=f"landing lines (repeatable; default: {', '.join(f'{s:,}' for s in SIZES)})",
+    )
     parser.add_argument("--master", default="local[2]")
-    parser.add_argument("--dir", type=Path, help="where to write (default: a temp dir)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per size (default: 1)")
+    parser.add_argument(
+        "--conf", action="append", default=[], metavar="KEY=VALUE", help="passed to Spark"
+    )
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "ledge-pipeline-bench",
+        help="where the generated landing files are kept (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
-
-    with tempfile.TemporaryDirectory(prefix="ledge-pipeline-bench-", dir=args.dir) as tmp:
-        root = Path(tmp)
-        t = time.perf_counter()
-        messages, truth = generate(Spec(readings=args.rows, envelope_gateways=0))
-        write_landing(root / "main", messages)
-        warm_messages, _ = generate(Spec(readings=3000, envelope_gateways=0))
-        write_landing(root / "warm", warm_messages)
-        lines = len(messages)
-        print(f"generated {lines:,} landing lines in {time.perf_counter() - t:.0f} s", flush=True)
-        del messages, warm_messages
-
-        spark = build(args.master, {"spark.driver.memory": "2g"})
-        cfg = PipelineConfig()
-        t = time.perf_counter()
-        jobs.run(spark, Layout(str(root / "warm")), cfg, progress=False)
-        print(f"warm-up run (3,000 readings): {time.perf_counter() - t:.1f} s", flush=True)
-
-        layout = Layout(str(root / "main"))
-        t = time.perf_counter()
-        silver = jobs.silver(spark, layout, cfg, progress=False)
-        silver_s = time.perf_counter() - t
-        t = time.perf_counter()
-        gold = jobs.gold(spark, layout, cfg, progress=False)
-        gold_s = time.perf_counter() - t
-        spark.stop()
-        if silver.readings != len(truth.readings):
-            print(f"silver kept {silver.readings:,} readings, expected {len(truth.readings):,}")
-            return 1
-
-        cores = spark_cores(args.master)
-        duck_s, duck_rows = duckdb_reference(root / "main", cores)
-        numeric = sum(1 for s in truth.readings if s.value is not None and not s.implausible)
-
-        total = silver_s + gold_s
-        print(
-            f"\n{lines:,} landing lines, {silver.readings:,} readings after dedup, on {args.master}"
-        )
-        print(f"{'phase':<22}{'seconds':>10}{'lines/s':>14}")
-        print(f"{'spark silver':<22}{silver_s:>10.1f}{lines / silver_s:>14,.0f}")
-        print(f"{'spark gold':<22}{gold_s:>10.1f}{lines / gold_s:>14,.0f}")
-        print(f"{'spark silver+gold':<22}{total:>10.1f}{lines / total:>14,.0f}")
-        print(f"{'duckdb dedup+aggs':<22}{duck_s:>10.1f}{lines / duck_s:>14,.0f}")
-        print(f"spark / duckdb time ratio: {total / duck_s:.1f}")
-        print(
-            f"gold rows: {gold.rows}; duckdb counted {duck_rows:,} numeric readings in its "
-            f"minute aggregates (expected about {numeric:,}: it applies no horizon or "
-            "plausibility rules)"
-        )
-    return 0
-
-
-def spark_cores(master: str) -> int:
     from pipeline.session import local_cores
 
-    return local_cores(master) or 2
+    threads = local_cores(args.master) or 2
+    args.dir.mkdir(parents=True, exist_ok=True)
+    results = []
+    for size in args.lines or SIZES:
+        landing_dir, lines = landing(args.dir, size)
+        for attempt in range(args.repeat):
+            with tempfile.TemporaryDirectory(prefix="run-", dir=args.dir) as tmp:
+                before = load()
+                spark = spark_run(landing_dir, Path(tmp) / "root", args.master, args.conf)
+                duck = duckdb_reference(landing_dir, Path(tmp), threads)
+                scans, read, slowest = read_events(spark.event_log)
+                results.append((lines, spark.seconds, duck, before, scans, read))
+                print(
+                    f"{lines:>10,} lines  run {attempt + 1}: spark {spark.seconds:6.1f} s  "
+                    f"duckdb {duck:5.1f} s  ratio {spark.seconds / duck:5.1f}  load {before}  "
+                    f"landing scanned by {scans} stage(s), {read:,} lines read",
+                    flush=True,
+                )
+                for took, name in slowest:
+                    print(f"{'':14}{took:6.1f} s  {name}")
+    print(f"\n`ledge-pipeline run --master {args.master}` (fresh JVM) beside DuckDB, one run each")
+    print("| landing lines | Spark s | lines/s | DuckDB s | Spark/DuckDB | load (1/5 min) |")
+    print("|---:|---:|---:|---:|---:|---|")
+    for lines, spark_s, duck_s, before, _, _ in results:
+        print(
+            f"| {lines:,} | {spark_s:.1f} | {lines / spark_s:,.0f} | {duck_s:.1f} | "
+            f"{spark_s / duck_s:.1f} | {before} |"
+        )
+    return 0
 
 
 if __name__ == "__main__":

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Protocol
 
 from pydantic import ValidationError
 
@@ -22,11 +23,25 @@ class FieldMap:
     offset: float = 0.0
 
 
+class FieldRule(Protocol):
+    """What a mapping says about one field: a ``FieldMap``, or the gateway's
+    ``fields`` settings of a device, which have the same shape."""
+
+    @property
+    def quantity(self) -> str: ...
+    @property
+    def unit(self) -> str | None: ...
+    @property
+    def scale(self) -> float: ...
+    @property
+    def offset(self) -> float: ...
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceMap:
     device: str
     driver: str = "serial"
-    fields: dict[str, FieldMap] = field(default_factory=dict)
+    fields: Mapping[str, FieldRule] = field(default_factory=dict)
     #: Only report the fields listed in ``fields`` (otherwise every field, named as sent).
     only_mapped: bool = False
 

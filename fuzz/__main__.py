@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+#: Every target in fuzz.targets.TARGETS (named here so --help needs no import of them).
+TARGET_NAMES = ("codec", "fastpath", "session", "websocket", "mqttsn_codec", "mqttsn_gateway")
 DONE = re.compile(r"Done (\d+) runs in (\d+) second")
 STATS = re.compile(r"^#(\d+)\s")
 
@@ -33,9 +35,11 @@ def child(target: str, libfuzzer_args: list[str]) -> None:
     logging.disable(logging.CRITICAL)  # refusals are expected; logging is not fuzzed
     with atheris.instrument_imports(include=["gateway", "fuzz"]):
         # What the targets import lazily is imported here, to be instrumented too.
+        import fuzz.mqttsn  # noqa: F401
         import gateway.broker.acl
         import gateway.broker.handle_login
         import gateway.broker.logins
+        import gateway.mqttsn.gateway
         import gateway.net.websocket  # noqa: F401
         from fuzz.targets import TARGETS
     function = TARGETS[target]
@@ -103,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     parser = argparse.ArgumentParser(prog="python -m fuzz", description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--target", choices=["codec", "fastpath", "session", "websocket", "all"], default="all"
+        "--target",
+        choices=[*TARGET_NAMES, "all"],
+        default="all",
     )
     parser.add_argument("--seconds", type=int, help="per target (default 300)")
     parser.add_argument("--runs", type=int, help="inputs per target instead of a duration")
@@ -113,9 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     seconds = args.seconds if args.seconds or args.runs else 300
-    targets = (
-        ["codec", "fastpath", "session", "websocket"] if args.target == "all" else [args.target]
-    )
+    targets = list(TARGET_NAMES) if args.target == "all" else [args.target]
     total = 0
     crashed = []
     start = time.monotonic()

@@ -464,9 +464,25 @@ def fuzz_websocket(data: bytes) -> int:
     return len(expected)
 
 
+def fuzz_mqttsn_codec(data: bytes) -> int:
+    """The firmware bridge's codec and UART deframer (``fuzz/mqttsn.py``)."""
+    from fuzz import mqttsn
+
+    return mqttsn.fuzz_mqttsn_codec(data)
+
+
+def fuzz_mqttsn_gateway(data: bytes) -> int:
+    """The firmware bridge's gateway logic on a broker core (``fuzz/mqttsn.py``)."""
+    from fuzz import mqttsn
+
+    return mqttsn.fuzz_mqttsn_gateway(data)
+
+
 TARGETS: Final[dict[str, Callable[[bytes], int]]] = {
     "codec": fuzz_codec,
     "fastpath": fuzz_fastpath,
     "session": fuzz_session,
     "websocket": fuzz_websocket,
+    "mqttsn_codec": fuzz_mqttsn_codec,
+    "mqttsn_gateway": fuzz_mqttsn_gateway,
 }

@@ -40,6 +40,7 @@ from gateway.runtime import (
 if TYPE_CHECKING:
     from gateway.bridge.link import Bridge
     from gateway.bridge.sequence import Sequence
+    from gateway.net.mqttsn import MqttSnShell
     from gateway.sensors import SensorHub
     from gateway.store.sqlite import Snapshot, Store
     from gateway.taps import TapPlane
@@ -99,6 +100,7 @@ class Gateway:
         self.sensors: SensorHub | None = None
         self.taps: TapPlane | None = None
         self.bridges: list[Bridge] = []
+        self.mqttsn: MqttSnShell | None = None
         self._snapshot: Snapshot | None = None
         self._sequence: Sequence | None = None
         self._health_timer: asyncio.TimerHandle | None = None
@@ -139,6 +141,7 @@ class Gateway:
                     config.config_path or "<command line>",
                     [f"listeners[{i}]: cannot listen on {where}: {exc.strerror or exc}"],
                 ) from None
+        await self._start_mqttsn()
         self._start_bridges()
         self._start_sensors_and_taps(loop)
         self._schedule_health(loop)
@@ -156,7 +159,7 @@ class Gateway:
     def _start_sensors_and_taps(self, loop: asyncio.AbstractEventLoop) -> None:
         assert self.broker is not None
         config = self.config
-        if config.sensors.serial or config.sensors.homeassistant:
+        if config.sensors.serial or config.sensors.homeassistant or config.sensors.uses_ble:
             # Imported here: a gateway without sensors never loads the drivers.
             from gateway.sensors import SensorHub
 
@@ -178,6 +181,28 @@ class Gateway:
                 config.taps.queue_size,
             )
             self.taps.start()
+
+    # ------------------------------------------------------------------ firmware bridge
+
+    async def _start_mqttsn(self) -> None:
+        config = self.config
+        if not (config.mqttsn.udp or config.mqttsn.serial):
+            return
+        # Imported here: a gateway without [mqttsn] transports never loads MQTT-SN.
+        from gateway.net.mqttsn import MqttSnShell
+        from gateway.runtime import build_acl
+
+        assert self.server is not None
+        acl = build_acl(config.acl_file) if config.acl_file is not None else None
+        self.mqttsn = MqttSnShell(self.server, config.mqttsn, acl)
+        try:
+            self.addresses.extend(await self.mqttsn.start())
+        except OSError as exc:
+            await self.mqttsn.close()
+            raise ConfigError(
+                config.config_path or "<command line>",
+                [f"mqttsn.udp: cannot listen: {exc.strerror or exc}"],
+            ) from None
 
     # ------------------------------------------------------------------ bridges
 
@@ -243,6 +268,8 @@ class Gateway:
             "queued": sum(b.outbox.count for b in self.bridges),
             "uptime": round(loop.time() - broker.started, 3),
         }
+        if self.sensors is not None:
+            body.update(self.sensors.health())
         self._drops_reported = dropped
         sensors = self.config.sensors
         broker.publish_local(
@@ -312,6 +339,8 @@ class Gateway:
         broker.batch_committed(upto)
         for bridge in self.bridges:
             bridge.committed(upto)
+        if self.mqttsn is not None:
+            self.mqttsn.committed(upto)
         if server.reading_paused and store.backlog < STORE_BACKLOG_LOW:
             log.info("store caught up: reading from clients again")
             server.pause_reading(False)
@@ -353,6 +382,8 @@ class Gateway:
             await self.taps.stop()
         for bridge in self.bridges:
             await bridge.stop()
+        if self.mqttsn is not None:
+            await self.mqttsn.close()
         server, broker, store = self.server, self.broker, self.store
         if server is not None:
             log.info("shutting down")

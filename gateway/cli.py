@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     # Used by a running gateway on SIGHUP: print the validated config as JSON.
     check.add_argument("--print-runtime", action="store_true", help=argparse.SUPPRESS)
     bridgectl.add_parser(commands)
+    from drivers.ble import scan as ble_scan
+
+    ble_scan.add_parser(commands)
 
     from gateway import passwd
 
@@ -96,6 +99,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     if args.command == "bridge":
         return bridgectl.main(args)
+    if args.command == "ble":
+        from drivers.ble import scan as ble_scan
+
+        return ble_scan.run(args)
     if args.command == "passwd":
         from gateway import passwd
 

@@ -27,14 +27,23 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.ble_settings import (
+    BEACON_FORMATS,
+    GATT_FORMATS,
+    BleDeviceSettings,
+    GattCharacteristicSettings,
+    GattFieldSettings,
+)
 from gateway.bridge.rules import rule_errors
 from gateway.bridge.settings import BridgeSettings, OutboxSettings, RuleSettings, TlsSettings
 from gateway.broker.settings import BrokerSettings
-from gateway.mqtt.topics import filter_error
+from gateway.field_settings import FieldSettings
+from gateway.mqtt.topics import filter_error, topic_name_error
+from gateway.mqttsn.settings import MqttSnSerialSettings, MqttSnSettings, UdpSettings
 from gateway.runtime import (
     AuthSettings,
+    BluetoothSettings,
     ConfigError,
-    FieldSettings,
     GatewaySettings,
     HomeAssistantSettings,
     ListenerSettings,
@@ -59,7 +68,10 @@ class _Model(BaseModel):
 # ``settings_from`` turns a validated model back into the dataclass.
 
 #: Names the runtime's annotations use without importing them (see gateway.runtime).
-_LAZY_NAMES: dict[str, Any] = {"BridgeSettings": BridgeSettings}
+_LAZY_NAMES: dict[str, Any] = {
+    "BridgeSettings": BridgeSettings,
+    "BleDeviceSettings": BleDeviceSettings,
+}
 
 #: Settings dataclass -> its model, and back.
 _MODELS: dict[type, type[_Model]] = {}
@@ -297,6 +309,87 @@ class _SerialChecks(_Model):
         return value
 
 
+_BLE_ADDRESS = re.compile(r"^[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}$")
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+
+
+def _gatt_uuid(value: str | None) -> str | None:
+    """A characteristic UUID: 128-bit form, or a 16-bit SIG one as 4 hex digits."""
+    if value is None:
+        return None
+    if re.fullmatch(r"(0x)?[0-9a-fA-F]{4}", value):
+        return f"0000{value[-4:].lower()}-0000-1000-8000-00805f9b34fb"
+    if not _UUID.match(value):
+        raise ValueError(f"{value!r} is not a UUID (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx or 2a19)")
+    return value.lower()
+
+
+class _GattCharacteristicChecks(_Model):
+    _uuid = field_validator("uuid", check_fields=False)(_gatt_uuid)
+
+
+class _BleDeviceChecks(_Model):
+    """One ``[[ble]]`` device."""
+
+    _command_uuid = field_validator("command_uuid", check_fields=False)(_gatt_uuid)
+
+    @field_validator("name", check_fields=False)
+    @classmethod
+    def _topic_level(cls, value: str) -> str:
+        if set(value) & set("/+#$ \x00") or value == "adapter":
+            raise ValueError("must not contain '/', '+', '#', '$' or spaces, nor be 'adapter'")
+        return value
+
+    @field_validator("address", check_fields=False)
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if value is not None and not _BLE_ADDRESS.match(value):
+            raise ValueError(f"{value!r} is not a Bluetooth address like A4:C1:38:12:34:56")
+        return None if value is None else value.upper()
+
+    @field_validator("bindkey", check_fields=False)
+    @classmethod
+    def _bindkey(cls, value: str | None) -> str | None:
+        if value is not None:
+            from drivers.parsers.ble.ccm import parse_key
+
+            parse_key(value)
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Any:
+        get = _fields_of(self)
+        fmt, address, beacon = get("format"), get("address"), get("beacon")
+        gatt = fmt in GATT_FORMATS
+        if (address is None) == (beacon is None):
+            raise ValueError("give the device's address, or (for a beacon) its beacon identity")
+        if beacon is not None and fmt not in ("auto", *BEACON_FORMATS):
+            raise ValueError("beacon applies to formats 'ibeacon' and 'eddystone'")
+        if get("bindkey") is not None and fmt not in ("auto", "bthome", "mibeacon"):
+            raise ValueError("bindkey applies to formats 'bthome' and 'mibeacon'")
+        if fmt == "gatt" and not get("characteristics") and get("command_uuid") is None:
+            raise ValueError("format 'gatt' needs characteristics or a command_uuid")
+        if get("characteristics") and not gatt:
+            raise ValueError("characteristics apply to formats 'gatt' and 'lywsd03mmc'")
+        if get("command_uuid") is not None and not gatt:
+            raise ValueError("command_uuid applies to formats 'gatt' and 'lywsd03mmc'")
+        if gatt and address is None:
+            raise ValueError("a GATT device needs its address")
+        return self
+
+
+class _BluetoothChecks(_Model):
+    """``[bluetooth]``: the adapter, its scanner and the watchdog."""
+
+    @field_validator("allow", check_fields=False)
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        for i, pattern in enumerate(value):
+            if not re.fullmatch(r"[0-9A-Fa-f:*?]+", pattern):
+                raise ValueError(f"entry {i} ({pattern!r}) is not an address pattern (A4:C1:38:*)")
+        return value
+
+
 class _BridgeTlsChecks(_Model):
     @model_validator(mode="after")
     def _files(self) -> Any:
@@ -359,11 +452,13 @@ class _AuthChecks(_Model):
 
 
 class _ConfigChecks(_Model):
-    @field_validator("serial", "bridges", check_fields=False)
+    @field_validator("serial", "ble", "bridges", check_fields=False)
     @classmethod
     def _unique_names(cls, value: tuple[Any, ...], info: ValidationInfo) -> tuple[Any, ...]:
         names = [item.name for item in value]
-        what = "serial devices" if info.field_name == "serial" else "bridges"
+        what = {"serial": "serial devices", "ble": "BLE devices"}.get(
+            info.field_name or "", "bridges"
+        )
         for name in names:
             if names.count(name) > 1:
                 raise ValueError(f"two {what} are named {name!r}")
@@ -379,6 +474,10 @@ FieldConfig = section_model(FieldSettings)
 SerialConfig = section_model(SerialSettings, _SerialChecks)
 HomeAssistantConfig = section_model(HomeAssistantSettings)
 TapsConfig = section_model(TapSettings)
+BluetoothConfig = section_model(BluetoothSettings, _BluetoothChecks)
+GattFieldConfig = section_model(GattFieldSettings)
+GattCharacteristicConfig = section_model(GattCharacteristicSettings, _GattCharacteristicChecks)
+BleDeviceConfig = section_model(BleDeviceSettings, _BleDeviceChecks)
 BridgeTlsConfig = section_model(TlsSettings, _BridgeTlsChecks)
 BridgeRuleConfig = section_model(RuleSettings, _BridgeRuleChecks)
 OutboxConfig = section_model(OutboxSettings)
@@ -393,6 +492,47 @@ BridgeConfig = section_model(
 )
 AuthConfig = section_model(AuthSettings, _AuthChecks, also=(BrokerSettings, "auth"))
 LogConfig = section_model(LogSettings)
+
+
+# ----------------------------------------------------------------------- [mqttsn]
+# The firmware bridge (MQTT-SN 1.2): its transports, predefined topics and bounds.
+
+
+class _MqttSnUdpChecks(_Model):
+    @field_validator("broadcast", check_fields=False)
+    @classmethod
+    def _addresses(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for text in value:
+            parse_remote(text, False)
+        return value
+
+
+class _MqttSnChecks(_Model):
+    @field_validator("predefined_topics", check_fields=False)
+    @classmethod
+    def _predefined(cls, value: dict[int, str]) -> dict[int, str]:
+        for topic_id, name in value.items():
+            if not 0 < topic_id < 0xFFFF:
+                raise ValueError(f"topic id {topic_id} is not 1..65534")
+            error = topic_name_error(name)
+            if error:
+                raise ValueError(f"topic id {topic_id} ({name!r}): {error}")
+        return value
+
+    @model_validator(mode="after")
+    def _names(self) -> Any:
+        get = _fields_of(self)
+        labels = [u.name or f"udp {u.host}:{u.port}" for u in get("udp")]
+        labels += [s.name for s in get("serial")]
+        for label in labels:
+            if labels.count(label) > 1:
+                raise ValueError(f"two MQTT-SN transports are named {label!r}")
+        return self
+
+
+MqttSnUdpConfig = section_model(UdpSettings, _MqttSnUdpChecks, name="MqttSnUdpConfig")
+MqttSnSerialConfig = section_model(MqttSnSerialSettings)
+MqttSnConfig = section_model(MqttSnSettings, _MqttSnChecks)
 _ConfigModel = section_model(RuntimeConfig, _ConfigChecks, name="ConfigFile")
 
 

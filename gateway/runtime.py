@@ -25,9 +25,12 @@ from gateway.broker.auth import (
     parse_password_file,
 )
 from gateway.broker.settings import BrokerSettings, option
+from gateway.field_settings import FieldSettings
+from gateway.mqttsn.settings import MqttSnSettings
 from gateway.store.settings import StoreSettings
 
 if TYPE_CHECKING:
+    from gateway.ble_settings import BleDeviceSettings
     from gateway.bridge.settings import BridgeSettings
     from gateway.broker.acl import Acl
 
@@ -128,14 +131,6 @@ class HomeAssistantSettings:
 
 
 @dataclass(frozen=True, slots=True)
-class FieldSettings:
-    quantity: str = option(min_length=1)
-    unit: str | None = option(None)
-    scale: float = option(1.0)
-    offset: float = option(0.0)
-
-
-@dataclass(frozen=True, slots=True)
 class SerialSettings:
     name: str = option(min_length=1)
     path: str = option(min_length=1)
@@ -152,6 +147,28 @@ class SerialSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class BluetoothSettings:
+    """``[bluetooth]``: the adapter, its scanner, the watchdog, GATT connections, and
+    the defaults of ``[[ble]]`` devices (``gateway.ble_settings``)."""
+
+    adapter: str = option("hci0", pattern=r"^hci[0-9]+$")
+    scanning: Literal["auto", "passive", "active"] = option("auto")
+    watchdog: float = option(60.0, ge=0)
+    watchdog_backoff_max: float = option(300.0, gt=0)
+    queue_size: int = option(1000, ge=1)
+    max_devices: int = option(256, ge=1)
+    any_bthome: bool = option(False)
+    allow: tuple[str, ...] = option(())
+    gatt_concurrency: int = option(1, ge=1, le=8)
+    gatt_timeout: float = option(20.0, gt=0)
+    reconnect_min: float = option(1.0, gt=0)
+    reconnect_max: float = option(300.0, gt=0)
+    min_interval: float = option(10.0, ge=0)
+    heartbeat: float = option(300.0, ge=0)
+    away_after: float = option(300.0, gt=0)
+
+
+@dataclass(frozen=True, slots=True)
 class TapSettings:
     module: str | None = option(None)
     queue_size: int = option(1000, ge=1)
@@ -160,7 +177,8 @@ class TapSettings:
 @dataclass(frozen=True, slots=True)
 class SensorSettings:
     """What the sensor hub needs, gathered from ``[gateway]``, ``[readings]``,
-    ``[[serial]]`` and ``[homeassistant]`` (``RuntimeConfig.sensors``)."""
+    ``[[serial]]``, ``[homeassistant]``, ``[bluetooth]`` and ``[[ble]]``
+    (``RuntimeConfig.sensors``)."""
 
     gateway: str
     prefix: str
@@ -170,6 +188,13 @@ class SensorSettings:
     serial: tuple[SerialSettings, ...]
     homeassistant: bool
     discovery_prefix: str
+    bluetooth: BluetoothSettings
+    ble: tuple[BleDeviceSettings, ...]
+
+    @property
+    def uses_ble(self) -> bool:
+        """BLE devices are configured (or adopted as they are heard)."""
+        return bool(self.ble) or self.bluetooth.any_bthome
 
 
 def _one_listener() -> tuple[ListenerSettings, ...]:
@@ -190,7 +215,10 @@ class RuntimeConfig:
     serial: tuple[SerialSettings, ...] = option(())
     homeassistant: HomeAssistantSettings = option(factory=HomeAssistantSettings)
     taps: TapSettings = option(factory=TapSettings)
+    bluetooth: BluetoothSettings = option(factory=BluetoothSettings)
+    ble: tuple[BleDeviceSettings, ...] = option(())
     bridges: tuple[BridgeSettings, ...] = option(())
+    mqttsn: MqttSnSettings = option(factory=MqttSnSettings)
     auth: AuthSettings = option(factory=AuthSettings)
     log: LogSettings = option(factory=LogSettings)
     #: The file the config came from (None: the embedded default) ...
@@ -235,6 +263,8 @@ class RuntimeConfig:
             serial=self.serial,
             homeassistant=self.homeassistant.enabled,
             discovery_prefix=self.homeassistant.discovery_prefix,
+            bluetooth=self.bluetooth,
+            ble=self.ble,
         )
 
     def to_json(self) -> str:
@@ -262,6 +292,11 @@ def _field_value(kind: type, f: Field[Any], data: Any) -> Any:
             from gateway.bridge.settings import BridgeSettings
 
             names["BridgeSettings"] = BridgeSettings
+        if "BleDeviceSettings" in hint:
+            # Imported only when BLE devices are configured, like BridgeSettings.
+            from gateway.ble_settings import BleDeviceSettings
+
+            names["BleDeviceSettings"] = BleDeviceSettings
         hint = eval(hint, names)  # our own annotations, from our own module
     return from_data(hint, data)
 
@@ -283,7 +318,9 @@ def from_data(kind: Any, data: Any) -> Any:
             return tuple(from_data(args[0], item) for item in data)
         return tuple(from_data(a, item) for a, item in zip(args, data, strict=True))
     if origin is dict:
-        return {k: from_data(args[1], v) for k, v in data.items()}
+        # JSON object keys are strings; a dict keyed by numbers gets them back.
+        key = int if args[0] is int else str
+        return {key(k): from_data(args[1], v) for k, v in data.items()}
     return data
 
 

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
 
 from drivers import homeassistant
 from drivers.lines import Garbage, LineFramer
@@ -24,6 +24,9 @@ from gateway.broker.core import Broker
 from gateway.broker.local import LocalClient
 from gateway.broker.message import Message
 from gateway.runtime import SensorSettings, SerialSettings
+
+if TYPE_CHECKING:
+    from gateway.ble import BleSensors
 
 log = logging.getLogger("ledge.sensors")
 
@@ -153,6 +156,12 @@ class SensorHub:
         self.clock = clock
         self.client = LocalClient(broker, f"ledge-sensors-{settings.gateway}", self._command)
         self.sensors = {s.name: SerialSensor(self, s) for s in settings.serial}
+        self.ble: BleSensors | None = None
+        if settings.uses_ble:
+            # Imported here: a gateway without BLE devices never loads bleak.
+            from gateway.ble import BleSensors
+
+            self.ble = BleSensors(self, settings.bluetooth, settings.ble)
         self.announced: set[tuple[str, str, str]] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self.gateway_status = f"{settings.prefix}/{settings.gateway}/status"
@@ -170,7 +179,13 @@ class SensorHub:
             out[base + "readings"] = str(st.readings)
             out[base + "bad lines"] = str(st.bad_lines)
             out[base + "garbage bytes"] = str(st.garbage_bytes)
+        if self.ble is not None:
+            out.update(self.ble.sys_values())
         return out
+
+    def health(self) -> dict[str, Any]:
+        """What the gateway's health report adds for the sensors."""
+        return self.ble.health() if self.ble is not None else {}
 
     def start(self) -> None:
         now = self.clock()
@@ -192,6 +207,8 @@ class SensorHub:
                     sensor.port.run(), name=f"serial {sensor.settings.name}"
                 )
             )
+        if self.ble is not None:
+            self.ble.start()
 
     async def stop(self) -> None:
         for sensor in self.sensors.values():
@@ -199,6 +216,8 @@ class SensorHub:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.ble is not None:
+            await self.ble.stop()
         now = self.clock()
         for name in self.sensors:
             self.publish_status("serial", name, False)
@@ -256,7 +275,11 @@ class SensorHub:
         asyncio.get_running_loop().call_soon(self._run_command, msg.topic, msg.payload)
 
     def _run_command(self, topic: str, payload: bytes) -> None:
-        device = topic.split("/")[-2]
+        driver, device = topic.split("/")[-3:-1]
+        if driver == "ble":
+            if self.ble is not None:
+                self.ble.command(device, topic, payload)
+            return
         sensor = self.sensors.get(device)
         result: dict[str, object]
         if sensor is None:

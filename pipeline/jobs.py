@@ -2,21 +2,27 @@
 
 Which dates a run recomputes (``H`` = ``PipelineConfig.horizon_days``):
 
-- A silver row of day ``e`` arrived between day ``e - 1`` (a clock a little ahead) and
-  day ``e + H`` (later is quarantined as beyond the horizon). So silver for the days
-  ``[a, b]`` is complete once it is computed from the landing days ``[a - 1, b + H]``.
+- Each message is judged for one silver day: its timestamp's UTC date (its receive date
+  when the timestamp is implausible). It arrived between day ``e - 1`` (a clock a little
+  ahead) and day ``e + H`` (later is quarantined as beyond the horizon), and it meets its
+  copies only among the messages judged for the same day. So silver for the days
+  ``[a, b]`` is exact once computed from the landing days ``[a - 1, b + H]``, whatever
+  else a run reads.
 - A regular run (``silver``, ``run``) recomputes ``[L - H, T + 1]``, where ``T`` is the
   newest landing day and ``L`` the newest landing day of the previous run (kept in
   ``_state/pipeline.json``; the first run starts from the oldest landing day). Every day a
   new landing file could have changed is recomputed, whenever and however often it runs.
 - ``backfill --from A --to B`` recomputes exactly ``[A, B]``.
-- Quarantine (partitioned by landing day) is recomputed for the landing days ``[a, b + H]``.
+- Quarantine is partitioned by landing day. A run rewrites the quarantine of every
+  landing day it read: the rows judged for a recomputed day are judged again, the others
+  are kept as they were (they depend on landing days the run did not read, and a backfill
+  may use other rules); the landing days new since the last run are judged whole.
 - Gold recomputes the days silver recomputed (kept as pending in the state until gold ran).
 
 Each table is written with dynamic partition overwrite: the recomputed days are replaced,
 every other day is left as it was; a recomputed day that is now empty is removed. The
-rules depend only on what was landed and on the configuration, so re-running gives the
-same tables.
+rules depend only on what was landed and on the configuration, so re-running, or
+backfilling any range, gives the same tables.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from pyspark.sql import types as T
 
 from pipeline.config import PipelineConfig
 from pipeline.progress import Progress
-from pipeline.schema import CORRUPT, HEALTH, LANDING, READINGS
+from pipeline.schema import CORRUPT, HEALTH, LANDING, QUARANTINE, READINGS
 from pipeline.storage import Layout, Storage, partition_path
 from pipeline.transforms import gold as gold_t
 from pipeline.transforms import silver as silver_t
@@ -167,16 +173,31 @@ class SilverResult:
     reasons: dict[str, int] = field(default_factory=dict)
 
 
+#: Session settings silver's rules rely on (``pipeline.session`` sets them too; a session
+#: someone else built gets them here): UTC dates, and the last of duplicate JSON keys
+#: winning as in ``json.loads``.
+SILVER_SETTINGS = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.mapKeyDedupPolicy": "LAST_WIN",
+}
+
+
 def silver(
     spark: SparkSession,
     layout: Layout,
     cfg: PipelineConfig,
     days: tuple[date, date] | None = None,
     progress: bool = True,
+    fresh: Iterable[date] = (),
 ) -> SilverResult:
     """Landing -> silver readings, silver health and quarantine, for ``days`` (first, last)
-    or, when None, every day new landing files may have changed (see the module doc)."""
-    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    or, when None, every day new landing files may have changed (see the module doc).
+
+    ``fresh`` are landing days whose every line is judged again whatever day it is judged
+    for (a regular run's new days, a stream batch's); otherwise only the quarantine rows
+    judged for ``days`` are redone and the others kept as they were."""
+    for key, value in SILVER_SETTINGS.items():
+        spark.conf.set(key, value)
     storage = Storage(spark)
     state = State.load(storage, layout)
     landed = storage.partition_dates(layout.landing)
@@ -185,65 +206,76 @@ def silver(
         return SilverResult([])
     horizon = DAY * cfg.horizon_days
     if days is None:
-        since = state.landing_through or min(landed)
-        first, last = min(since, max(landed)) - horizon, max(landed) + DAY
+        since = min(state.landing_through or min(landed), max(landed))
+        first, last = since - horizon, max(landed) + DAY
+        renewed = {d for d in landed if d >= since}
     else:
         first, last = days
+        renewed = set(fresh)
     recomputed = set(days_between(first, last))
     window = [d for d in landed if first - DAY <= d <= last + horizon]
-    quarantine_days = {d for d in landed if first <= d <= last + horizon}
     log.info("silver: recomputing %s from the landing days %s", span(recomputed), span(window))
 
     plan = silver_t.stage(read_landing(spark, layout, window), cfg)
+    in_scope = F.col("day").isin(sorted(recomputed)) | F.col("date").isin(sorted(renewed))
     with Progress(spark, "silver", enabled=progress):
-        # Computed once and cut from its plan: the five queries below then plan against
-        # stored blocks, not against silver's large plan (which costs seconds each,
-        # cache lookups included). Blocks live on the executors; losing one fails the
-        # run, and a re-run is harmless (idempotent).
-        staged = plan.localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
-        tally = staged.groupBy("kind", "date").agg(
-            F.count("*").alias("n"), F.sum(F.col("copies") - 1).alias("dups")
+        # One pass over the landing lines, kept on the executors and cut from its plan:
+        # the writes and counts below then plan against stored blocks, not against
+        # silver's large plan (seconds each). Losing a block fails the run; running it
+        # again is harmless.
+        staged = plan.select("*", in_scope.alias("in_scope")).localCheckpoint(
+            eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK
         )
-        counts = tally.collect()
-        present: dict[str, set[date]] = {}
-        for row in counts:
-            present.setdefault(row["kind"], set()).add(row["date"])
-        replace_days(
-            storage,
-            silver_t.readings(staged),
-            layout.readings,
-            recomputed,
-            present.get(silver_t.READING, set()),
-        )
-        replace_days(
-            storage,
-            silver_t.health(staged),
-            layout.health,
-            recomputed,
-            present.get(silver_t.HEALTH_REPORT, set()),
-        )
-        replace_days(
-            storage,
-            silver_t.quarantine(staged),
-            layout.quarantine,
-            quarantine_days,
-            present.get(silver_t.QUARANTINED, set()),
-        )
-        reasons = (
-            staged.where(
-                (F.col("kind") == silver_t.QUARANTINED)
-                & F.col("date").isin(sorted(quarantine_days))
+        try:
+            counts = (
+                staged.groupBy("kind", "date", "in_scope")
+                .agg(F.count("*").alias("n"), F.sum(F.col("copies") - 1).alias("dups"))
+                .collect()
             )
-            .groupBy("reason")
-            .count()
-            .orderBy(F.desc("count"), "reason")
-            .limit(20)
-            .collect()
-        )
+            present: dict[str, set[date]] = {}
+            for row in counts:
+                if row["kind"] != silver_t.QUARANTINED or row["in_scope"]:
+                    present.setdefault(row["kind"], set()).add(row["date"])
+            replace_days(
+                storage,
+                silver_t.readings(staged),
+                layout.readings,
+                recomputed,
+                present.get(silver_t.READING, set()),
+            )
+            replace_days(
+                storage,
+                silver_t.health(staged),
+                layout.health,
+                recomputed,
+                present.get(silver_t.HEALTH_REPORT, set()),
+            )
+            _replace_quarantine(
+                spark,
+                storage,
+                layout,
+                silver_t.quarantine(staged.where(F.col("in_scope"))),
+                recomputed,
+                set(window),
+                renewed,
+                present.get(silver_t.QUARANTINED, set()),
+            )
+            reasons = (
+                staged.where((F.col("kind") == silver_t.QUARANTINED) & F.col("in_scope"))
+                .groupBy("reason")
+                .count()
+                .orderBy(F.desc("count"), "reason")
+                .limit(20)
+                .collect()
+            )
+        finally:
+            staged.unpersist()
 
-    def total(kind: str, days_of: set[date], column: str = "n") -> int:
+    def total(kind: str, days_of: set[date] | None, column: str = "n") -> int:
         return sum(
-            int(r[column] or 0) for r in counts if r["kind"] == kind and r["date"] in days_of
+            int(r[column] or 0)
+            for r in counts
+            if r["kind"] == kind and (r["in_scope"] if days_of is None else r["date"] in days_of)
         )
 
     accepted = (silver_t.READING, silver_t.HEALTH_REPORT)
@@ -251,8 +283,8 @@ def silver(
         days=sorted(recomputed),
         readings=total(silver_t.READING, recomputed),
         health=total(silver_t.HEALTH_REPORT, recomputed),
-        quarantined=total(silver_t.QUARANTINED, quarantine_days),
-        ignored=total(silver_t.IGNORED, quarantine_days),
+        quarantined=total(silver_t.QUARANTINED, None),
+        ignored=total(silver_t.IGNORED, None),
         duplicates=sum(total(k, recomputed, "dups") for k in accepted),
         reasons={r["reason"]: int(r["count"]) for r in reasons},
     )
@@ -273,6 +305,34 @@ def silver(
     state.gold_pending |= recomputed
     state.save(storage, layout)
     return result
+
+
+def _replace_quarantine(
+    spark: SparkSession,
+    storage: Storage,
+    layout: Layout,
+    judged: DataFrame,
+    recomputed: set[date],
+    window: set[date],
+    renewed: set[date],
+    present: set[date],
+) -> None:
+    """Rewrite the quarantine partitions of the landing days read (``window``).
+
+    Each keeps, from before, the rows judged for days outside ``recomputed`` (their
+    landing day was read, but not every line of their own day's groups was, and the rules
+    may have changed since), and takes the rows ``judged`` again. A renewed day is taken
+    whole from ``judged``."""
+    kept_days = sorted(window - renewed)
+    old = read_table(spark, layout.quarantine, QUARANTINE, kept_days, storage)
+    judged_for = F.coalesce(F.col("day"), F.col("date"))  # tables from before `day`
+    kept = old.where(~judged_for.isin(sorted(recomputed)))
+    # Cut from the files it came from: the write below replaces them.
+    kept = kept.localCheckpoint(eager=True)
+    kept_present = {r["date"] for r in kept.select("date").distinct().collect()}
+    replace_days(
+        storage, judged.unionByName(kept), layout.quarantine, window, present | kept_present
+    )
 
 
 # --------------------------------------------------------------------------------- gold

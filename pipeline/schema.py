@@ -100,6 +100,9 @@ QUARANTINE: Final = struct(
         "copies": "int",
         "file": "string",
         "line": "string",
+        # the silver day the message was judged for: its timestamp's date, or the landing
+        # date when it was refused before its timestamp was read (what a backfill redoes)
+        "day": "date",
         "date": "date",
     }
 )

@@ -21,12 +21,14 @@ from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
-#: Settings every run needs; the rules of the pipeline assume the first two.
+#: Settings every run needs; the rules of the pipeline assume the first three.
 DEFAULTS: Final[dict[str, str]] = {
     # Dates and hours in the tables are UTC whatever the machine's zone.
     "spark.sql.session.timeZone": "UTC",
     # Overwrite only the date partitions a run writes (idempotent re-runs).
     "spark.sql.sources.partitionOverwriteMode": "dynamic",
+    # The last of duplicate JSON keys wins, as in json.loads (silver's payload rules).
+    "spark.sql.mapKeyDedupPolicy": "LAST_WIN",
     # The pipeline prints its own progress (pipeline.progress), one line at a time.
     "spark.ui.showConsoleProgress": "false",
 }

@@ -68,7 +68,7 @@ def stream(
             return
         first, last = days[0] - jobs.DAY * cfg.horizon_days, days[-1] + jobs.DAY
         log.info("stream: batch %d brought landing days %s", batch_id, jobs.span(days))
-        jobs.silver(spark, layout, cfg, (first, last), progress=progress)
+        jobs.silver(spark, layout, cfg, (first, last), progress=progress, fresh=days)
         jobs.gold(spark, layout, cfg, jobs.days_between(first, last), progress=progress)
 
     query = (

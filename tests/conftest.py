@@ -17,6 +17,9 @@ from tests.support.procs import LedgeProcess, MosquittoProcess
 if TYPE_CHECKING:  # PySpark is imported only by the pipeline's tests
     from pyspark.sql import SparkSession
 
+# The BLE tests' fake BlueZ on a private system bus (system_bus, bluez fixtures).
+pytest_plugins = ["tests.support.bluez"]
+
 settings.register_profile("default", max_examples=100, deadline=None)
 settings.register_profile(
     "long", max_examples=20_000, deadline=None, suppress_health_check=list(HealthCheck)

@@ -21,12 +21,13 @@ REPO = Path(__file__).resolve().parents[1]
 ORDER = [
     "gateway.mqtt",
     "gateway.broker",
+    "gateway.mqttsn",
     "gateway.store",
     "gateway.net",
     "gateway.bridge",
     "gateway.app",
 ]
-PURE = {"gateway.mqtt", "gateway.broker"}
+PURE = {"gateway.mqtt", "gateway.broker", "gateway.mqttsn"}
 IMPURE_MODULES = {"asyncio", "socket", "time", "selectors", "ssl", "threading", "subprocess"}
 
 
@@ -97,13 +98,17 @@ def test_no_layer_imports_to_its_right(layer: str) -> None:
 PURE_DRIVERS = [
     "drivers/envelope.py",
     "drivers/parsers",
+    "drivers/ble/tracker.py",
+    "drivers/ble/policy.py",
+    "drivers/ble/watchdog.py",
     "drivers/lines.py",
     "drivers/mapping.py",
     "drivers/model.py",
     "drivers/homeassistant.py",
 ]
-#: The one third-party package a pure driver module may use (for the Reading contract).
-DRIVER_THIRD_PARTY = {"pydantic"}
+#: The third-party packages a pure driver module may use: pydantic for the Reading
+#: contract, cryptography for AES-CCM (encrypted BLE adverts; computation, no I/O).
+DRIVER_THIRD_PARTY = {"pydantic", "cryptography"}
 
 
 def test_drivers_never_import_the_gateway() -> None:
@@ -162,6 +167,24 @@ def test_the_bridges_decisions_are_pure(name: str) -> None:
             if layer_of(module) not in allowed or module == "gateway.store.sqlite":
                 problems.append(f"imports {module}")
         elif top not in sys.stdlib_module_names and top != "__future__":
+            problems.append(f"imports third-party {module}")
+    assert not problems, "\n".join(problems)
+
+
+#: The MQTT-SN codec: bytes only, nothing of the broker (the MicroPython client mirrors it).
+MQTTSN_CODEC = ["packets.py", "codec.py", "uart.py"]
+
+
+@pytest.mark.parametrize("name", MQTTSN_CODEC)
+def test_the_mqttsn_codec_imports_only_the_standard_library(name: str) -> None:
+    problems = []
+    for module in imports(REPO / "gateway/mqttsn" / name):
+        top = module.split(".")[0]
+        if top in IMPURE_MODULES or top == "logging":
+            problems.append(f"imports {module} (I/O, clock or logging in the codec)")
+        elif top == "gateway" and not module.startswith("gateway.mqttsn."):
+            problems.append(f"imports {module}")
+        elif top not in sys.stdlib_module_names and top not in ("__future__", "gateway"):
             problems.append(f"imports third-party {module}")
     assert not problems, "\n".join(problems)
 

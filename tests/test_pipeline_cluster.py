@@ -132,6 +132,9 @@ def run(command: list[str]) -> str:
     return done.stderr
 
 
+# Three JVMs start here (master, worker, then two spark-submit runs of up to 170 s each):
+# the suite's 120 s default is shorter than the subprocess timeouts it would cut short.
+@pytest.mark.timeout(420)
 def test_the_same_job_runs_on_a_standalone_cluster(
     spark: SparkSession, tmp_path: Path, cluster: tuple[str, SparkDaemon]
 ) -> None:

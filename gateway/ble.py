@@ -1,0 +1,659 @@
+"""BLE sensors in: adverts -> decoders -> publishing policy -> readings; GATT devices;
+the scanner watchdog. Loaded only when BLE is configured.
+
+Composes the pure pieces in ``drivers.parsers.ble`` and ``drivers.ble`` (decoders,
+per-device state, policy, watchdog) with the bleak transports, and publishes through
+the sensor hub's in-process client (topics, Home Assistant, status) like the serial
+devices do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import fnmatch
+import functools
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Final, Protocol
+
+from bleak.backends.device import BLEDevice
+from bleak.backends.scanner import AdvertisementData
+
+from drivers.ble.gatt import Characteristic, GattDevice
+from drivers.ble.policy import Presence, Publisher
+from drivers.ble.scanner import SCAN_ERRORS, Scanner
+from drivers.ble.tracker import DeviceDecoder, Outcome, format_named
+from drivers.ble.watchdog import Action, State, Watchdog
+from drivers.mapping import DeviceMap
+from drivers.model import Reading, now_utc
+from drivers.parsers import Sample
+from drivers.parsers.ble import FORMATS, passive_patterns, recognise
+from drivers.parsers.ble.base import AdvertError, Context
+from drivers.parsers.ble.bthome import UUID as BTHOME_UUID
+from drivers.parsers.ble.ccm import Cipher, parse_key
+from drivers.parsers.ble.gatt import parse_value
+from gateway.ble_settings import BEACON_FORMATS, GATT_PRESETS, BleDeviceSettings
+from gateway.broker.local import LocalClient
+from gateway.runtime import BluetoothSettings, SensorSettings
+
+log = logging.getLogger("ledge.ble")
+
+#: Problems logged per device per minute before the rest are only counted.
+LOG_BUDGET: Final = 10
+#: Adverts handled per event-loop iteration before yielding to other work.
+DRAIN_BATCH: Final = 256
+#: Seconds between policy, presence and watchdog checks.
+TICK: Final = 1.0
+
+
+class Hub(Protocol):
+    """What BLE devices publish through: ``gateway.sensors.SensorHub``, which imports
+    this module (only when BLE is configured), so this one names it by shape."""
+
+    settings: SensorSettings
+    client: LocalClient
+    clock: Callable[[], float]
+
+    def _base(self, driver: str, device: str) -> str: ...
+
+    def publish_readings(self, readings: list[Reading]) -> None: ...
+
+    def publish_status(self, driver: str, device: str, online: bool) -> None: ...
+
+
+class LogBudget:
+    """At most ``LOG_BUDGET`` warnings a minute for one subject; the rest counted, and
+    their number logged when the minute is over."""
+
+    __slots__ = ("budget", "name", "reset_at", "suppressed")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.budget = LOG_BUDGET
+        self.reset_at = 0.0
+        self.suppressed = 0
+
+    def warn(self, message: str, *args: object) -> None:
+        now = time.monotonic()
+        if now >= self.reset_at:
+            if self.suppressed:
+                log.warning(
+                    "%s: %d more problems in the last minute were not logged",
+                    self.name,
+                    self.suppressed,
+                )
+            self.budget = LOG_BUDGET
+            self.reset_at = now + 60
+            self.suppressed = 0
+        if self.budget > 0:
+            self.budget -= 1
+            log.warning(message, *args)
+        else:
+            self.suppressed += 1
+
+
+@dataclass(slots=True)
+class DeviceStats:
+    adverts: int = 0
+    readings: int = 0
+    repeats: int = 0
+    suppressed: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+class Device:
+    """One configured (or found) BLE device; what its settings leave unsaid comes from
+    ``[bluetooth]``."""
+
+    def __init__(
+        self, settings: BleDeviceSettings, fmt_name: str, section: BluetoothSettings
+    ) -> None:
+        self.settings = settings
+        self.name = settings.name
+        self.stats = DeviceStats()
+        self.budget = LogBudget(settings.name)
+        self.publisher = Publisher(
+            section.min_interval if settings.min_interval is None else settings.min_interval,
+            section.heartbeat if settings.heartbeat is None else settings.heartbeat,
+        )
+        self.away_after = section.away_after if settings.away_after is None else settings.away_after
+        self.presence = Presence(self.away_after)
+        #: Publish presence ("home"/"away") as a reading: beacons do unless told not to.
+        self.reports_presence = (
+            settings.format in BEACON_FORMATS or settings.beacon is not None
+            if settings.presence is None
+            else settings.presence
+        )
+        self.mapping = DeviceMap(settings.name, "ble", settings.fields, settings.only_mapped)
+        self.decoder: DeviceDecoder | None = None
+        if fmt_name not in ("gatt", *GATT_PRESETS):
+            cipher = Cipher(parse_key(settings.bindkey)) if settings.bindkey else None
+            address = settings.address or "00:00:00:00:00:00"
+            self.decoder = DeviceDecoder(Context(address, cipher=cipher), format_named(fmt_name))
+        self.gatt: GattDevice | None = None
+        self.rssi: int | None = None
+
+    def count(self, reason: str) -> None:
+        self.stats.errors[reason] = self.stats.errors.get(reason, 0) + 1
+
+
+class BleSensors:
+    """Every BLE device of the gateway, one scanner, one watchdog."""
+
+    def __init__(
+        self, hub: Hub, settings: BluetoothSettings, devices: tuple[BleDeviceSettings, ...]
+    ) -> None:
+        self.hub = hub
+        self.settings = settings
+        self.clock = hub.clock
+        self.devices: dict[str, Device] = {}
+        self.by_address: dict[str, Device] = {}
+        self.by_beacon: dict[str, Device] = {}
+        #: Addresses that proved to belong to a configured beacon (phones rotate them).
+        self.beacon_aliases: collections.OrderedDict[str, Device] = collections.OrderedDict()
+        #: Devices heard that are not configured: address -> (name, rssi, format), LRU.
+        self.unknown: collections.OrderedDict[str, tuple[str, int, str]] = collections.OrderedDict()
+        self.slots = asyncio.Semaphore(settings.gatt_concurrency)
+        for ds in devices:
+            self._add(ds)
+        self.advert_devices = any(d.decoder is not None for d in self.devices.values())
+        self.queue: collections.deque[tuple[BLEDevice, AdvertisementData, float]] = (
+            collections.deque(maxlen=settings.queue_size)
+        )
+        self.counts: dict[str, int] = {
+            "adverts": 0,
+            "dropped": 0,
+            "unknown evicted": 0,
+            "devices refused": 0,
+            "callback errors": 0,
+        }
+        self.watchdog = Watchdog(settings.watchdog, settings.watchdog_backoff_max)
+        formats = [FORMATS[n] for n in self._format_names()]
+        self.scanner = Scanner(
+            settings.adapter, settings.scanning, passive_patterns(formats), self._on_advert
+        )
+        self._draining = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._action: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._published_state = ""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.adapter_budget = LogBudget(f"ble {settings.adapter}")
+
+    def _format_names(self) -> list[str]:
+        names: set[str] = {d.settings.format for d in self.devices.values()}
+        if "auto" in names or self.settings.any_bthome:
+            names.update(FORMATS)
+        return sorted(n for n in names if n in FORMATS)
+
+    def _add(self, ds: BleDeviceSettings) -> Device:
+        fmt = ds.format
+        if fmt in GATT_PRESETS and not ds.characteristics:
+            ds = replace(ds, characteristics=GATT_PRESETS[fmt])
+        device = Device(ds, fmt, self.settings)
+        self.devices[ds.name] = device
+        if ds.address:
+            self.by_address[ds.address.upper()] = device
+        if ds.beacon:
+            self.by_beacon[ds.beacon.lower()] = device
+        if ds.gatt:
+            device.gatt = GattDevice(
+                ds,
+                self.settings.adapter,
+                self.slots,
+                self.settings.gatt_timeout,
+                (self.settings.reconnect_min, self.settings.reconnect_max),
+                functools.partial(self._gatt_value, device),
+                functools.partial(self._gatt_state, device),
+                functools.partial(self._gatt_error, device),
+            )
+        return device
+
+    # ------------------------------------------------------------------ life cycle
+
+    def start(self) -> None:
+        loop = self._loop = asyncio.get_running_loop()
+        now = self.clock()
+        hub = self.hub
+        for device in self.devices.values():
+            device.presence.start()
+            hub.publish_status("ble", device.name, False)
+            gatt = device.gatt
+            if gatt is not None:
+                if device.settings.command_uuid:
+                    hub.client.subscribe(
+                        f"{hub._base('ble', device.name)}/command", 1, now, retained=False
+                    )
+                if device.settings.characteristics:
+                    self._tasks.append(loop.create_task(gatt.run(), name=f"ble gatt {device.name}"))
+        self.scanner.bluez.on_bluez = self._bluez_presence
+        self.scanner.bluez.on_adapter = self._adapter_presence
+        self.watchdog.start(now)
+        self._tasks.append(loop.create_task(self._first_start(), name="ble scanner"))
+        self._timer = loop.call_later(TICK, self._tick)
+
+    async def _first_start(self) -> None:
+        try:
+            await self.scanner.bluez.connect()
+        except SCAN_ERRORS as exc:
+            log.error("ble %s: cannot reach the system bus: %s", self.settings.adapter, exc)
+        await self._scanner_action(Action.RESTART)
+
+    async def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        for device in self.devices.values():
+            if device.gatt is not None:
+                device.gatt.stop()
+        tasks = [*self._tasks, *([self._action] if self._action else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for device in self.devices.values():
+            gatt = device.gatt
+            if gatt is not None and gatt.client is not None:
+                await gatt._disconnect(gatt.client)
+        try:
+            async with asyncio.timeout(5):
+                await self.scanner.stop()
+        except TimeoutError:
+            log.warning("ble %s: the scanner did not stop within 5 s", self.settings.adapter)
+        self.scanner.close()
+        for name in self.devices:
+            self.hub.publish_status("ble", name, False)
+
+    # ------------------------------------------------------------------ adverts in
+
+    def _on_advert(self, device: BLEDevice, adv: AdvertisementData) -> None:
+        """bleak's callback: queue and return (bounded; policy: drop oldest, counted)."""
+        try:
+            queue = self.queue
+            if len(queue) == queue.maxlen:
+                self.counts["dropped"] += 1
+            assert self._loop is not None
+            queue.append((device, adv, self._loop.time()))
+            if not self._draining:
+                self._draining = True
+                self._loop.call_soon(self._drain)
+        except Exception as exc:  # never out of the scanner callback
+            self.counts["callback errors"] += 1
+            self.adapter_budget.warn("ble: advert from %s not queued: %r", device.address, exc)
+
+    def _drain(self) -> None:
+        queue = self.queue
+        stamp = now_utc()
+        readings: list[Reading] = []
+        for _ in range(min(len(queue), DRAIN_BATCH)):
+            device, adv, at = queue.popleft()
+            try:
+                self._advert(device, adv, at, stamp, readings)
+            except Exception as exc:  # a bug must not stop the scanner: count and log it
+                self.counts["callback errors"] += 1
+                self.adapter_budget.warn(
+                    "ble: advert from %s failed: %r (service data %r, manufacturer data %r)",
+                    device.address,
+                    exc,
+                    adv.service_data,
+                    adv.manufacturer_data,
+                )
+        if readings:
+            self.hub.publish_readings(readings)
+        if queue:
+            asyncio.get_running_loop().call_soon(self._drain)
+        else:
+            self._draining = False
+
+    def _advert(
+        self,
+        ble_device: BLEDevice,
+        adv: AdvertisementData,
+        at: float,
+        stamp: Any,
+        readings: list[Reading],
+    ) -> None:
+        self.counts["adverts"] += 1
+        address = ble_device.address.upper()
+        device = self.by_address.get(address) or self.beacon_aliases.get(address)
+        if device is None:
+            device = self._stranger(address, adv)
+            if device is None:
+                if not self.advert_devices:
+                    self._heard(at)
+                return
+        stats = device.stats
+        stats.adverts += 1
+        device.rssi = adv.rssi
+        if device.gatt is not None:
+            device.gatt.ble_device = ble_device
+        self._heard(at)
+        if device.presence.heard(at):
+            self._arrived(device, readings, stamp)
+        decoder = device.decoder
+        samples: list[Sample] = []
+        events: frozenset[str] = frozenset()
+        if decoder is not None:
+            outcome = decoder.feed(
+                adv.service_data, adv.manufacturer_data, adv.local_name or "", at
+            )
+            if outcome is not None:
+                stats.repeats += outcome.repeats
+                if outcome.problems:
+                    self._problems(device, outcome, adv)
+                samples = outcome.samples
+                events = outcome.events
+        if device.settings.rssi:
+            samples.append(Sample("rssi", adv.rssi, "dBm"))
+        if samples:
+            self._publish(device, device.publisher.offer(samples, events, at), stamp, readings)
+
+    def _heard(self, at: float) -> None:
+        action = self.watchdog.heard(at)
+        if action is Action.RECOVERED:
+            log.warning(
+                "ble %s: adverts again, the adapter works (%s scanning)",
+                self.settings.adapter,
+                self.scanner.mode,
+            )
+            self._adapter_changed()
+
+    def _stranger(self, address: str, adv: AdvertisementData) -> Device | None:
+        """An advert from an address no device is configured with: a configured beacon
+        under a new address, a BTHome device to adopt, or an unknown device (LRU)."""
+        s = self.settings
+        unknown = self.unknown
+        entry = unknown.get(address)
+        if entry is not None:
+            unknown.move_to_end(address)
+        if self.by_beacon:
+            ctx = Context(address)
+            fmt = recognise(adv.service_data, adv.manufacturer_data, ctx)
+            if fmt is not None and fmt.name in BEACON_FORMATS:
+                for source in fmt.sources:
+                    data = (
+                        adv.service_data.get(str(source.key))
+                        if source.kind == "service"
+                        else adv.manufacturer_data.get(int(source.key))
+                    )
+                    if data is None:
+                        continue
+                    try:
+                        identity = source.decode(data, ctx).identity
+                    except AdvertError:
+                        continue
+                    device = self.by_beacon.get((identity or "").lower())
+                    if device is not None:
+                        self.beacon_aliases[address] = device
+                        if len(self.beacon_aliases) > s.max_devices:
+                            self.beacon_aliases.popitem(last=False)
+                        unknown.pop(address, None)
+                        return device
+        if s.any_bthome and BTHOME_UUID in adv.service_data and self._allowed(address):
+            auto = sum(
+                1
+                for d in self.devices.values()
+                if d.settings.address and d.name.startswith("bthome_")
+            )
+            if auto < s.max_devices:
+                unknown.pop(address, None)
+                return self._adopt(address)
+            self.counts["devices refused"] += 1
+        if entry is None:
+            unknown[address] = (adv.local_name or "", adv.rssi, "")
+            if len(unknown) > s.max_devices:
+                unknown.popitem(last=False)
+                self.counts["unknown evicted"] += 1
+        return None
+
+    def _allowed(self, address: str) -> bool:
+        allow = self.settings.allow
+        return not allow or any(fnmatch.fnmatchcase(address, p.upper()) for p in allow)
+
+    def _adopt(self, address: str) -> Device:
+        name = "bthome_" + address.replace(":", "").lower()
+        device = self._add(BleDeviceSettings(name, address=address, format="bthome"))
+        device.presence.start()
+        log.info("ble: BTHome device %s adopted as %s", address, name)
+        return device
+
+    def _problems(self, device: Device, outcome: Outcome, adv: AdvertisementData) -> None:
+        for problem in outcome.problems:
+            device.count(problem.reason)
+            if problem.reason in ("decrypt_retry", "counter_reset"):
+                log.info("%s: %s", device.name, problem)
+                continue
+            device.budget.warn(
+                "%s (%s): %s: %s; service data %s, manufacturer data %s",
+                device.name,
+                device.settings.address or device.settings.beacon,
+                problem.reason,
+                problem,
+                {k: v.hex() for k, v in adv.service_data.items()},
+                {f"0x{k:04x}": v.hex() for k, v in adv.manufacturer_data.items()},
+            )
+
+    def _publish(
+        self, device: Device, samples: list[Sample], stamp: Any, readings: list[Reading]
+    ) -> None:
+        if not samples:
+            return
+        got, problems = device.mapping.readings(samples, stamp)
+        for problem in problems:
+            device.count("invalid_value")
+            device.budget.warn("%s: %s", device.name, problem)
+        device.stats.readings += len(got)
+        readings.extend(got)
+
+    def _arrived(self, device: Device, readings: list[Reading], stamp: Any) -> None:
+        log.info("ble: %s is home", device.name)
+        self.hub.publish_status("ble", device.name, True)
+        if device.reports_presence:
+            self._publish(device, [Sample("presence", "home", "")], stamp, readings)
+
+    # ------------------------------------------------------------------ timer
+
+    def _tick(self) -> None:
+        assert self._loop is not None
+        self._timer = self._loop.call_later(TICK, self._tick)
+        now = self.clock()
+        stamp = now_utc()
+        readings: list[Reading] = []
+        for device in self.devices.values():
+            presence = device.presence
+            if device.decoder is not None and presence.check(now):
+                log.info("ble: %s is away (not heard for %g s)", device.name, device.away_after)
+                self.hub.publish_status("ble", device.name, False)
+                if device.reports_presence:
+                    self._publish(device, [Sample("presence", "away", "")], stamp, readings)
+            due = device.publisher.due(now, bool(presence.home))
+            if due:
+                self._publish(device, due, stamp, readings)
+        if readings:
+            self.hub.publish_readings(readings)
+        action = self.watchdog.tick(now)
+        if action is not None:
+            self._act(action)
+
+    def _act(self, action: Action) -> None:
+        if action is Action.REPORT_FAILED:
+            log.error(
+                "ble %s: adapter failed: %s; retrying with backoff up to %g s",
+                self.settings.adapter,
+                self.watchdog.reason,
+                self.settings.watchdog_backoff_max,
+            )
+            self._adapter_changed()
+            return
+        if self._action is not None and not self._action.done():
+            return  # one repair at a time
+        assert self._loop is not None
+        self._action = self._loop.create_task(self._scanner_action(action))
+
+    async def _scanner_action(self, action: Action) -> None:
+        adapter = self.settings.adapter
+        if action is Action.RESTART:
+            if self.watchdog.state is State.RESTARTED:
+                log.warning("ble %s: %s: restarting discovery", adapter, self.watchdog.reason)
+        elif action is Action.POWER_CYCLE:
+            log.warning(
+                "ble %s: still no adverts after restarting discovery: power-cycling the adapter",
+                adapter,
+            )
+        self._adapter_changed()
+        try:
+            if action in (Action.RESTART,):
+                await self.scanner.restart()
+            else:
+                await self.scanner.power_cycle()
+        except SCAN_ERRORS as exc:
+            self.adapter_budget.warn("ble %s: %s failed: %s", adapter, action.value, exc)
+            self.counts[f"{action.value} errors"] = self.counts.get(f"{action.value} errors", 0) + 1
+        self._adapter_changed()
+
+    # ------------------------------------------------------------------ BlueZ watch
+
+    def _bluez_presence(self, present: bool) -> None:
+        self._lost_or_back(present, "bluez", "BlueZ (org.bluez)")
+
+    def _adapter_presence(self, present: bool) -> None:
+        self._lost_or_back(present, "adapter", f"adapter {self.settings.adapter}")
+
+    def _lost_or_back(self, present: bool, what: str, label: str) -> None:
+        now = self.clock()
+        if present:
+            log.warning("ble: %s is back: restarting the scanner", label)
+            self._act(self.watchdog.back(now))
+        else:
+            log.error("ble: %s is gone; the adapter is failed until it is back", label)
+            self.watchdog.lost(now, what)
+            self.scanner.running = False
+            self._adapter_changed()
+
+    # ------------------------------------------------------------------ reporting
+
+    def adapter_state(self) -> dict[str, Any]:
+        w = self.watchdog
+        return {
+            "adapter": self.settings.adapter,
+            "state": w.state.value,
+            "mode": self.scanner.mode,
+            "reason": w.reason if w.state is not State.SCANNING else "",
+            "restarts": w.counts.restarts,
+            "power_cycles": w.counts.power_cycles,
+            "failures": w.counts.failures,
+            "retries": w.counts.retries,
+            "recoveries": w.counts.recoveries,
+            "bluez_lost": w.counts.bluez_lost,
+            "adapter_lost": w.counts.adapter_lost,
+            "adverts": self.counts["adverts"],
+            "dropped": self.counts["dropped"],
+        }
+
+    def _adapter_changed(self) -> None:
+        """Publish the adapter's state (retained) when it changed."""
+        body = self.adapter_state()
+        key = f"{body['state']}/{body['mode']}"
+        if key == self._published_state and body["state"] == State.SCANNING:
+            return
+        self._published_state = key
+        hub = self.hub
+        hub.client.publish(
+            f"{hub.settings.prefix}/{hub.settings.gateway}/ble/adapter",
+            json.dumps(body, separators=(",", ":")).encode(),
+            self.clock(),
+            qos=1,
+            retain=True,
+        )
+
+    def health(self) -> dict[str, Any]:
+        return {"ble": self.adapter_state()}
+
+    def sys_values(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        base = "sensors/ble/adapter/"
+        for key, value in self.adapter_state().items():
+            out[base + key.replace("_", " ")] = str(value)
+        out[base + "queue dropped"] = str(self.counts["dropped"])
+        out[base + "unknown devices"] = str(len(self.unknown))
+        for key in ("unknown evicted", "devices refused", "callback errors"):
+            out[base + key] = str(self.counts[key])
+        for name, device in self.devices.items():
+            st = device.stats
+            prefix = f"sensors/ble/{name}/"
+            out[prefix + "adverts"] = str(st.adverts)
+            out[prefix + "readings"] = str(st.readings)
+            out[prefix + "repeats"] = str(st.repeats)
+            out[prefix + "present"] = "1" if device.presence.home else "0"
+            if device.rssi is not None:
+                out[prefix + "rssi"] = str(device.rssi)
+            if device.gatt is not None:
+                out[prefix + "connected"] = "1" if device.gatt.connected else "0"
+                out[prefix + "sessions"] = str(device.gatt.sessions)
+            for reason, count in st.errors.items():
+                out[prefix + "errors/" + reason] = str(count)
+        return out
+
+    # ------------------------------------------------------------------ GATT
+
+    def _gatt_value(self, device: Device, char: Characteristic, data: bytes) -> None:
+        now = self.clock()
+        try:
+            samples = parse_value(data, char.fields)
+        except AdvertError as exc:
+            device.count(exc.reason)
+            device.budget.warn(
+                "%s (%s): characteristic %s: %s: %r", device.name, device.settings.address,
+                char.uuid, exc, data.hex(),
+            )  # fmt: skip
+            return
+        readings: list[Reading] = []
+        self._publish(device, device.publisher.offer(samples, (), now), now_utc(), readings)
+        if readings:
+            self.hub.publish_readings(readings)
+
+    def _gatt_state(self, device: Device, connected: bool) -> None:
+        log.info("ble: %s %s", device.name, "connected" if connected else "disconnected")
+        self.hub.publish_status("ble", device.name, connected)
+
+    def _gatt_error(self, device: Device, reason: str, text: str) -> None:
+        device.count(reason)
+        device.budget.warn(
+            "%s (%s): GATT %s: %s; retrying with backoff",
+            device.name,
+            device.settings.address,
+            reason,
+            text,
+        )
+
+    def command(self, name: str, topic: str, payload: bytes) -> bool:
+        """A message on ``.../ble/<name>/command``; False when no such device."""
+        device = self.devices.get(name)
+        if device is None or device.gatt is None or not device.settings.command_uuid:
+            return False
+        assert self._loop is not None
+        self._tasks.append(
+            self._loop.create_task(self._write(device, topic, payload), name=f"ble write {name}")
+        )
+        self._tasks = [t for t in self._tasks if not t.done()]
+        return True
+
+    async def _write(self, device: Device, topic: str, payload: bytes) -> None:
+        assert device.gatt is not None
+        result: dict[str, object]
+        try:
+            written = await device.gatt.write(payload)
+        except OSError as exc:
+            device.count("write_failed")
+            log.warning("%s: command not written: %s", device.name, exc)
+            result = {"ok": False, "error": str(exc)}
+        else:
+            result = {"ok": True, "bytes": written}
+        self.hub.client.publish(
+            f"{topic}/result",
+            json.dumps(result, separators=(",", ":")).encode(),
+            self.clock(),
+            qos=1,
+        )

@@ -1,0 +1,79 @@
+"""Firmware bridge settings (``[mqttsn]``, ``[[mqttsn.udp]]``, ``[[mqttsn.serial]]``):
+each option declared once, with ``option`` (default, reload, bounds), as every table
+of the config file is (see ``gateway.broker.settings``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from gateway.broker.settings import option
+
+
+@dataclass(frozen=True, slots=True)
+class UdpSettings:
+    """One UDP socket: IPv4 or IPv6 by ``host``."""
+
+    host: str = option("127.0.0.1")
+    port: int = option(1884, ge=0, le=65535)
+    name: str = option("")
+    #: Where ADVERTISE goes: broadcast or multicast addresses, ``"host"`` or
+    #: ``"host:port"`` (``[v6]:port``); the port defaults to ``port``. Empty: none.
+    broadcast: tuple[str, ...] = option(())
+    #: Client ids allowed to connect through this socket (empty: any). With a list,
+    #: QoS -1 (which names no client) is refused here.
+    allow_client_ids: tuple[str, ...] = option(())
+
+    @property
+    def label(self) -> str:
+        return self.name or f"udp {self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class MqttSnSerialSettings:
+    """One serial line carrying COBS frames (firmware-bridge/UART.md)."""
+
+    name: str = option(min_length=1)
+    path: str = option(min_length=1)
+    baudrate: int = option(115200, gt=0)
+    allow_client_ids: tuple[str, ...] = option(())
+
+    @property
+    def label(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True, slots=True)
+class MqttSnSettings:
+    """Everything the firmware bridge enforces, with its default. Times are seconds."""
+
+    udp: tuple[UdpSettings, ...] = option(())
+    serial: tuple[MqttSnSerialSettings, ...] = option(())
+    #: Sent in ADVERTISE and GWINFO.
+    gateway_id: int = option(1, ge=0, le=255)
+    #: Seconds between ADVERTISE messages (and the Duration they carry); 0: none.
+    advertise_interval: float = option(900.0, ge=0, le=65535)
+    #: Topic id -> topic name, known to every client in advance.
+    predefined_topics: dict[int, str] = option(factory=dict)
+    #: Connected, sleeping and remembered clients together.
+    max_clients: int = option(1024, ge=1)
+    #: Clients in the middle of their CONNECT (the Will prompts) at once.
+    max_connecting: int = option(64, ge=1)
+    #: Longest message accepted or sent (octets, Length included).
+    max_message_size: int = option(1024, ge=64, le=65535)
+    #: Registered topics per client (REGISTER both ways, SUBACK ids).
+    max_topics_per_client: int = option(64, ge=1, le=65534)
+    #: Messages waiting for one client: while it sleeps, while one is in flight, while
+    #: its topic is being registered. Policy when full: ``queue_policy``.
+    max_queued_messages: int = option(100, ge=1)
+    queue_policy: Literal["drop-oldest", "drop-new"] = option("drop-oldest")
+    #: Tretry and Nretry (section 6.13): resend an unacknowledged REGISTER, PUBLISH or
+    #: PUBREL after ``retry_interval``; after ``max_retries`` resends the client is lost.
+    retry_interval: float = option(10.0, gt=0)
+    max_retries: int = option(5, ge=0)
+    #: Time a CONNECT may take through its Will prompts.
+    connect_timeout: float = option(10.0, gt=0)
+    #: Accept QoS -1 PUBLISH (no connection; predefined and short topics only).
+    qos_minus_one: bool = option(True)
+    #: A client silent for keep-alive x this (or sleep duration x this) is lost.
+    keepalive_grace: float = option(1.5, ge=1.0)

@@ -1,0 +1,360 @@
+"""BLE advertisement decoders on byte vectors (tests/vectors/ble_adverts.json, each with
+its source), beside the reference decoders from PyPI on the same vectors and on
+generated frames, and fuzzed: bytes in, samples or AdvertError out, nothing else."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import math
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from drivers.parsers.ble import FORMATS, bthome, mibeacon, pvvx, recognise, ruuvi, switchbot
+from drivers.parsers.ble.base import AdvertError, Context, Decoded, mac_bytes, uuid16
+from drivers.parsers.ble.ccm import Cipher
+from tests.support.reference import REFERENCES
+
+VECTORS: list[dict[str, Any]] = json.loads(
+    (Path(__file__).parent / "vectors" / "ble_adverts.json").read_text(encoding="utf-8")
+)
+
+
+def advert(v: dict[str, Any]) -> tuple[dict[str, bytes], dict[int, bytes]]:
+    kind, key = v["element"].split(":")
+    data = bytes.fromhex(v["hex"])
+    if kind == "service":
+        return {uuid16(int(key, 16)): data}, {}
+    return {}, {int(key, 16): data}
+
+
+def context(v: dict[str, Any]) -> Context:
+    key = v.get("bindkey")
+    return Context(
+        v["address"], name=v.get("name", ""), cipher=Cipher(bytes.fromhex(key)) if key else None
+    )
+
+
+def decode(v: dict[str, Any]) -> Decoded:
+    """The vector through its format's decoder (the one element it names)."""
+    fmt = FORMATS[v["format"]]
+    service, company = advert(v)
+    ctx = context(v)
+    for source in fmt.sources:
+        if source.kind == "service" and source.key in service:
+            return source.decode(service[str(source.key)], ctx)
+        if source.kind != "service" and company:
+            ((cid, data),) = company.items()
+            if source.kind == "any_company" or source.key == cid:
+                ctx.company_id = cid
+                return source.decode(data, ctx)
+    raise AssertionError(f"no source of {fmt.name} reads {v['element']}")
+
+
+def values(decoded: Decoded) -> dict[str, Any]:
+    return {s.field: s.value for s in decoded.samples}
+
+
+@pytest.mark.parametrize(
+    "v", VECTORS, ids=[f"{v['format']}:{v['source'][:60]}:{v['hex'][:24]}" for v in VECTORS]
+)
+def test_vector(v: dict[str, Any]) -> None:
+    """Each vector decodes to exactly its expected values, or fails with its reason."""
+    if "expect" not in v:
+        with pytest.raises(AdvertError) as info:
+            decode(v)
+        assert info.value.reason == v["error"], str(info.value)
+        return
+    decoded = decode(v)
+    assert values(decoded) == v["expect"]
+    for sample in decoded.samples:
+        assert type(sample.value) is type(v["expect"][sample.field])
+    if "error" in v:  # a partial decode: the good objects, and why it stopped
+        assert decoded.problem is not None and decoded.problem.reason == v["error"]
+    else:
+        assert decoded.problem is None
+    if "packet_id" in v:
+        assert decoded.packet_id == v["packet_id"]
+    if "identity" in v:
+        assert decoded.identity == v["identity"]
+
+
+def test_vectors_are_recognised_by_their_format() -> None:
+    """``recognise`` (what `auto` devices and `ledge ble scan` use) names each vector's
+    format from the advert alone."""
+    for v in VECTORS:
+        if "error" in v:
+            continue
+        service, company = advert(v)
+        fmt = recognise(service, company, context(v))
+        assert fmt is not None and fmt.name == v["format"], v["source"]
+
+
+def close(a: Any, b: Any) -> bool:
+    """Equal, or floats equal at the coarser rounding of the two decoders."""
+    if isinstance(a, float) or isinstance(b, float):
+        return (
+            isinstance(a, int | float)
+            and isinstance(b, int | float)
+            and math.isclose(a, b, abs_tol=0.011)
+        )
+    return bool(a == b)
+
+
+def agree(
+    fmt: str,
+    address: str,
+    service: dict[str, bytes],
+    company: dict[int, bytes],
+    name: str,
+    key: bytes | None,
+) -> None:
+    ctx = Context(address, name=name, cipher=Cipher(key) if key else None)
+    ours: dict[str, Any] = {}
+    for result in __import__("drivers.parsers.ble", fromlist=["decode_advert"]).decode_advert(
+        FORMATS[fmt], service, company, ctx
+    ):
+        if isinstance(result, Decoded):
+            ours.update(values(result))
+    theirs = REFERENCES[fmt](address, service, company, name, key)
+    # Compare per quantity (temperature_1, temperature_2 -> temperature): bthome-ble
+    # names two objects of one quantity in different units (distance in mm and m) alike,
+    # so one overwrites the other there; every value it keeps must be one of Ledge's.
+    mine = by_base(ours)
+    for base, values_ in by_base(theirs).items():
+        left = list(mine.get(base, []))
+        for value in values_:
+            match = next((i for i, v in enumerate(left) if close(v, value)), None)
+            assert match is not None, f"{fmt} {base}: reference {value!r}, Ledge {mine.get(base)}"
+            left.pop(match)
+
+
+def by_base(values_: dict[str, Any]) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for key, value in values_.items():
+        head, _, tail = key.rpartition("_")
+        out.setdefault(head if tail.isdigit() and head else key, []).append(value)
+    return out
+
+
+WITH_REFERENCE = [
+    v for v in VECTORS if v["format"] in REFERENCES and "expect" in v and "error" not in v
+]
+
+
+@pytest.mark.parametrize(
+    "v", WITH_REFERENCE, ids=[f"{v['format']}:{v['hex'][:24]}" for v in WITH_REFERENCE]
+)
+def test_vector_agrees_with_the_reference_decoder(v: dict[str, Any]) -> None:
+    service, company = advert(v)
+    key = bytes.fromhex(v["bindkey"]) if "bindkey" in v else None
+    agree(v["format"], v["address"], service, company, v.get("name", ""), key)
+
+
+# ---------------------------------------------------------------- generated frames
+
+ADDRESS = "A4:C1:38:0F:1E:2D"
+NUMERIC = sorted(k for k, v in bthome.OBJECTS.items() if v[1] == bthome.NUM)
+BINARY = sorted(k for k, v in bthome.OBJECTS.items() if v[1] == bthome.BIN)
+
+
+@st.composite
+def bthome_objects(draw: st.DrawFn) -> list[tuple[int, bytes]]:
+    """Objects in ascending id order (as the spec asks), random values."""
+    ids = sorted(
+        draw(st.lists(st.sampled_from(NUMERIC + BINARY + [0x3A, 0x3C]), min_size=1, max_size=6))
+    )
+    out = []
+    for oid in ids:
+        size = bthome.OBJECTS[oid][2]
+        if oid in BINARY:
+            out.append((oid, bytes([draw(st.integers(0, 1))])))
+        elif oid == 0x3A:
+            out.append((oid, bytes([draw(st.sampled_from(sorted(bthome.BUTTON_EVENTS)))])))
+        elif oid == 0x3C:
+            out.append((oid, bytes([draw(st.integers(1, 2)), draw(st.integers(0, 255))])))
+        else:
+            out.append((oid, draw(st.binary(min_size=size, max_size=size))))
+    return out
+
+
+@given(
+    bthome_objects(),
+    st.integers(0, 255),
+    st.booleans(),
+    st.binary(min_size=16, max_size=16),
+    st.integers(1, 2**32 - 1),
+)
+def test_generated_bthome_agrees_with_bthome_ble(
+    objects: list[tuple[int, bytes]], packet_id: int, encrypted: bool, key: bytes, counter: int
+) -> None:
+    plain = bthome.encode(objects, packet_id=packet_id)
+    data = bthome.encrypt(plain, mac_bytes(ADDRESS), counter, key) if encrypted else plain
+    agree("bthome", ADDRESS, {bthome.UUID: data}, {}, "", key if encrypted else None)
+
+
+MIBEACON_OBJECTS = {
+    0x1004: st.integers(-400, 600).map(lambda t: struct.pack("<h", t)),
+    0x1006: st.integers(0, 1000).map(lambda h: struct.pack("<H", h)),
+    0x100A: st.integers(0, 100).map(lambda b: bytes([b])),
+    0x100D: st.tuples(st.integers(-400, 600), st.integers(0, 1000)).map(
+        lambda th: struct.pack("<hH", *th)
+    ),
+    0x1008: st.integers(0, 100).map(lambda m: bytes([m])),
+    0x1009: st.integers(0, 5000).map(lambda c: struct.pack("<H", c)),
+    0x4C02: st.integers(0, 100).map(lambda h: bytes([h])),
+}
+
+
+def mibeacon_objects(kinds: list[int]) -> st.SearchStrategy[tuple[tuple[int, bytes], ...]]:
+    return st.tuples(*(MIBEACON_OBJECTS[k].map(functools.partial(_tagged, k)) for k in kinds))
+
+
+def _tagged(kind: int, value: bytes) -> tuple[int, bytes]:
+    return kind, value
+
+
+#: Product ids of thermometers and plant sensors the reference knows.
+PRODUCTS = [0x055B, 0x0347, 0x01AA, 0x045B, 0x0387, 0x0098, 0x16E4]
+
+
+@given(
+    st.sampled_from(PRODUCTS),
+    st.integers(0, 255),
+    st.lists(
+        st.sampled_from(sorted(MIBEACON_OBJECTS)), min_size=1, max_size=3, unique=True
+    ).flatmap(mibeacon_objects),
+    st.booleans(),
+    st.binary(min_size=16, max_size=16),
+    st.integers(0, 2**24 - 1),
+)
+def test_generated_mibeacon_agrees_with_xiaomi_ble(
+    product: int,
+    frame: int,
+    objects: tuple[tuple[int, bytes], ...],
+    encrypted: bool,
+    key: bytes,
+    ext: int,
+) -> None:
+    plain = mibeacon.encode(product, frame, list(objects), mac=mac_bytes(ADDRESS))
+    data = mibeacon.encrypt(plain, mac_bytes(ADDRESS), ext, key) if encrypted else plain
+    agree("mibeacon", ADDRESS, {mibeacon.UUID: data}, {}, "", key if encrypted else None)
+
+
+@given(
+    st.integers(-32767, 32767),
+    st.integers(0, 40000),
+    st.integers(50000, 115534),
+    st.tuples(st.integers(-32767, 32767), st.integers(-32767, 32767), st.integers(-32767, 32767)),
+    st.integers(1600, 3646),
+    st.integers(-20, 10).map(lambda p: p * 2),
+    st.integers(0, 254),
+    st.integers(0, 65534),
+)
+def test_generated_ruuvi_agrees_with_ruuvitag_ble(
+    t: int, h: int, p: int, acc: tuple[int, int, int], mv: int, tx: int, moves: int, seq: int
+) -> None:
+    data = ruuvi.encode(mac_bytes(ADDRESS), t * 0.005, h * 0.0025, p, acc, mv, tx, moves, seq)
+    agree("ruuvi", ADDRESS, {}, {ruuvi.COMPANY_ID: data}, "", None)
+
+
+@given(
+    st.integers(-399, 999).map(lambda t: t / 10),
+    st.integers(0, 999).map(lambda h: h / 10),
+    st.integers(0, 100),
+)
+def test_generated_govee_h5075_agrees_with_govee_ble(temp: float, hum: float, battery: int) -> None:
+    from drivers.parsers.ble import govee
+
+    agree(
+        "govee", ADDRESS, {}, {0xEC88: govee.encode_h5075(temp, hum, battery)}, "GVH5075_1E2D", None
+    )
+
+
+@given(st.integers(-4000, 6000), st.integers(0, 9999), st.integers(0, 100))
+def test_generated_inkbird_agrees_with_inkbird_ble(t: int, h: int, battery: int) -> None:
+    company = t & 0xFFFF
+    data = struct.pack("<H", h) + b"\x00\x00\x00" + bytes([battery]) + b"\x08"
+    agree("inkbird", ADDRESS, {}, {company: data}, "sps", None)
+
+
+@given(
+    st.sampled_from("Tiw"),
+    st.integers(-300, 600).map(lambda t: t / 10),
+    st.integers(1, 99),
+    st.integers(0, 100),
+)
+def test_generated_switchbot_agrees_with_pyswitchbot(
+    model: str, temp: float, hum: int, battery: int
+) -> None:
+    agree(
+        "switchbot",
+        ADDRESS,
+        {switchbot.UUIDS[0]: switchbot.encode(model, temp, hum, battery)},
+        {},
+        "",
+        None,
+    )
+
+
+# ---------------------------------------------------------------- hostile bytes
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+@given(
+    data=st.binary(max_size=64),
+    company=st.integers(0, 0xFFFF),
+    named=st.sampled_from(["", "sps", "tps", "iBBQ", "x"]),
+)
+def test_any_bytes_give_samples_or_an_advert_error(
+    name: str, data: bytes, company: int, named: str
+) -> None:
+    """Fuzz: whatever arrives, a decoder returns samples or raises AdvertError (with a
+    reason and an offset inside the element), never anything else."""
+    for key in (None, b"k" * 16):
+        ctx = Context(ADDRESS, name=named, company_id=company, cipher=Cipher(key) if key else None)
+        for source in FORMATS[name].sources:
+            try:
+                decoded = source.decode(data, ctx)
+            except AdvertError as exc:
+                assert exc.reason and 0 <= exc.offset <= len(data)
+            else:
+                for sample in decoded.samples:
+                    assert isinstance(sample.value, int | float | str | bool)
+                    assert not isinstance(sample.value, float) or math.isfinite(sample.value)
+
+
+@pytest.mark.parametrize(
+    "v", VECTORS[:1] + [v for v in VECTORS if "expect" in v], ids=lambda v: v["hex"][:20]
+)
+def test_every_prefix_of_a_vector_is_handled(v: dict[str, Any]) -> None:
+    """A cut-off advert is an AdvertError or a shorter decode, never a crash."""
+    whole = bytes.fromhex(v["hex"])
+    for end in range(len(whole)):
+        cut = dict(v, hex=whole[:end].hex())
+        with contextlib.suppress(AdvertError):
+            decode(cut)
+
+
+def test_a_bindkey_with_a_plain_advert_is_refused() -> None:
+    """A device with a bindkey that suddenly sends plain adverts is not believed (a
+    downgrade): counted as not_encrypted."""
+    ctx = Context(ADDRESS, cipher=Cipher(b"k" * 16))
+    with pytest.raises(AdvertError) as info:
+        bthome.decode(bytes.fromhex("4002ca09"), ctx)
+    assert info.value.reason == "not_encrypted"
+
+
+def test_pvvx_and_atc_are_told_apart_by_length() -> None:
+    mac = mac_bytes(ADDRESS)
+    ctx = Context(ADDRESS)
+    svc_p = {pvvx.UUID: pvvx.encode_pvvx(mac, 20.0, 50.0, 3000, 90, 1)}
+    svc_a = {pvvx.UUID: pvvx.encode_atc(mac, 20.0, 50, 90, 3000, 1)}
+    assert (recognise(svc_p, {}, ctx) or FORMATS["bthome"]).name == "pvvx"
+    assert (recognise(svc_a, {}, ctx) or FORMATS["bthome"]).name == "atc1441"

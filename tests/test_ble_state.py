@@ -1,0 +1,148 @@
+"""The pure parts of BLE: per-device decoding state, publishing policy, presence and the
+watchdog, driven with a fake clock."""
+
+from __future__ import annotations
+
+import struct
+
+from drivers.ble.policy import Presence, Publisher
+from drivers.ble.tracker import PACKET_WINDOW, DeviceDecoder
+from drivers.ble.watchdog import Action, State, Watchdog
+from drivers.parsers import Sample
+from drivers.parsers.ble import FORMATS, bthome
+from drivers.parsers.ble.base import Context, mac_bytes
+from drivers.parsers.ble.ccm import Cipher
+
+ADDRESS = "A4:C1:38:00:00:01"
+KEY = bytes.fromhex("231d39c1d7cc1ab1aee224cd096db932")
+
+
+def temp(packet: int, centi: int) -> bytes:
+    return bthome.encode([(0x02, struct.pack("<h", centi))], packet_id=packet)
+
+
+def feed(dec: DeviceDecoder, data: bytes, now: float) -> tuple[list[object], list[str], int]:
+    out = dec.feed({bthome.UUID: data}, {}, "", now)
+    assert out is not None
+    return [s.value for s in out.samples], [p.reason for p in out.problems], out.repeats
+
+
+def test_repeats_of_one_packet_count_once() -> None:
+    dec = DeviceDecoder(Context(ADDRESS), FORMATS["bthome"])
+    assert feed(dec, temp(1, 2000), 0.0) == ([20.0], [], 0)
+    assert feed(dec, temp(1, 2000), 0.5) == ([], [], 1)  # the same bytes (BlueZ merges)
+    assert feed(dec, temp(2, 2100), 1.0) == ([21.0], [], 0)
+    # the same packet id with other bytes inside the window: a repeat ...
+    assert feed(dec, temp(2, 2200), 1.5) == ([], [], 1)
+    # ... and after the window a new packet that happens to reuse the id
+    assert feed(dec, temp(2, 2300), 1.5 + PACKET_WINDOW) == ([23.0], [], 0)
+    # BlueZ re-reports the last data with every RSSI change, long after: still a repeat
+    assert feed(dec, temp(2, 2300), 100.0) == ([], [], 1)
+
+
+def test_an_auto_device_is_recognised_once_and_ignores_other_elements() -> None:
+    dec = DeviceDecoder(Context(ADDRESS))
+    assert dec.feed({}, {0x1234: b"\x00"}, "", 0.0) is None  # nothing it knows yet
+    assert feed(dec, temp(1, 500), 1.0)[0] == [5.0]
+    assert dec.format is FORMATS["bthome"]
+
+
+def sealed(counter: int, centi: int, key: bytes = KEY) -> bytes:
+    return bthome.encrypt(temp(counter & 0xFF, centi), mac_bytes(ADDRESS), counter, key)
+
+
+def test_replayed_counter_is_refused_and_a_restart_is_accepted_after_confirmation() -> None:
+    dec = DeviceDecoder(Context(ADDRESS, cipher=Cipher(KEY)), FORMATS["bthome"])
+    assert feed(dec, sealed(100, 1000), 0)[:2] == ([10.0], [])
+    assert feed(dec, sealed(101, 1010), 10)[:2] == ([10.1], [])
+    assert feed(dec, sealed(99, 990), 20)[:2] == ([], ["replay"])
+    # the device restarted its counter: three authenticated, growing counters below
+    assert feed(dec, sealed(1, 1), 30)[:2] == ([], ["replay"])
+    assert feed(dec, sealed(2, 2), 40)[:2] == ([], ["replay"])
+    assert feed(dec, sealed(3, 3), 50)[:2] == ([0.03], ["counter_reset"])
+    assert feed(dec, sealed(4, 4), 60)[:2] == ([0.04], [])
+    assert dec.counter == 4
+
+
+def test_one_decryption_failure_is_tolerated_then_reported() -> None:
+    dec = DeviceDecoder(Context(ADDRESS, cipher=Cipher(KEY)), FORMATS["bthome"])
+    wrong = bytes(16)
+    assert feed(dec, sealed(1, 100, wrong), 0)[1] == ["decrypt_retry"]
+    assert feed(dec, sealed(2, 100, wrong), 10)[1] == ["wrong_key"]
+    assert feed(dec, sealed(3, 300), 20)[:2] == ([3.0], [])  # a good one resets the count
+    assert feed(dec, sealed(4, 100, wrong), 30)[1] == ["decrypt_retry"]
+
+
+def test_policy_on_change_at_most_every_interval_and_heartbeat() -> None:
+    pub = Publisher(min_interval=10, heartbeat=60)
+    t = Sample("temperature", 20.0, "°C")
+    assert pub.offer([t], (), 0) == [t]
+    assert pub.offer([t], (), 1) == []  # unchanged
+    t2, t3 = Sample("temperature", 20.5, "°C"), Sample("temperature", 21.0, "°C")
+    assert pub.offer([t2], (), 2) == []  # changed, too soon: held
+    assert pub.offer([t3], (), 3) == []  # the newer value replaces it
+    assert pub.due(9.9, True) == []
+    assert pub.due(10, True) == [t3]  # the latest, once the interval has passed
+    assert pub.due(69.9, True) == []
+    assert pub.due(70, True) == [Sample("temperature", 21.0, "°C")]  # heartbeat
+    assert pub.due(200, False) == []  # no heartbeat for an absent device
+    press = Sample("button", "press", "")
+    assert pub.offer([press], {"button"}, 200) == [press]
+    assert pub.offer([press], {"button"}, 200.1) == [press]  # events always go out
+
+
+def test_a_held_change_that_reverts_is_not_sent() -> None:
+    pub = Publisher(min_interval=10, heartbeat=0)
+    assert len(pub.offer([Sample("x", 1)], (), 0)) == 1
+    assert pub.offer([Sample("x", 2)], (), 1) == []
+    assert pub.offer([Sample("x", 1)], (), 2) == []
+    assert pub.due(20, True) == []
+
+
+def test_presence() -> None:
+    p = Presence(away_after=30)
+    p.start()
+    assert p.home is False
+    assert p.heard(0) is True
+    assert p.heard(10) is False
+    assert p.check(39.9) is False
+    assert p.check(40) is True and p.home is False
+    assert p.check(100) is False
+    assert p.heard(101) is True
+
+
+def state(w: Watchdog) -> State:
+    return w.state
+
+
+def test_watchdog_escalates_step_by_step_and_recovers() -> None:
+    w = Watchdog(silence=60, backoff_max=240)
+    w.start(0)
+    w.heard(10)
+    assert w.tick(69) is None
+    assert w.tick(70) is Action.RESTART and state(w) is State.RESTARTED
+    assert w.tick(129) is None
+    assert w.tick(130) is Action.POWER_CYCLE
+    assert w.tick(190) is Action.REPORT_FAILED and state(w) is State.FAILED
+    # failed: retry with a doubling backoff, up to the maximum
+    assert w.tick(249) is None
+    assert w.tick(250) is Action.RETRY
+    assert w.tick(369) is None
+    assert w.tick(370) is Action.RETRY
+    assert w.tick(610) is Action.RETRY
+    assert w.tick(849) is None and w.tick(850) is Action.RETRY  # capped at 240
+    assert w.heard(900) is Action.RECOVERED and state(w) is State.SCANNING
+    c = w.counts
+    assert (c.restarts, c.power_cycles, c.failures, c.retries, c.recoveries) == (1, 1, 1, 4, 1)
+
+
+def test_watchdog_bluez_gone_and_back() -> None:
+    w = Watchdog(silence=60)
+    w.start(0)
+    assert w.lost(5, "bluez") is Action.REPORT_FAILED and state(w) is State.ABSENT
+    assert w.heard(6) is None  # a straggler does not end it
+    assert w.back(10) is Action.RESTART and state(w) is State.FAILED
+    assert w.heard(11) is Action.RECOVERED
+    assert w.counts.bluez_lost == 1
+    w.lost(20, "adapter")
+    assert w.counts.adapter_lost == 1

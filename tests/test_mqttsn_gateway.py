@@ -1,0 +1,663 @@
+"""The MQTT-SN gateway logic, message by message, on the real broker core and a fake clock.
+
+Every message goes through the real codec both ways (``tests.support.mqttsn``); an MQTT
+client of the same broker watches what MQTT-SN clients publish and publishes what they
+subscribe to. Section numbers are those of the MQTT-SN 1.2 specification.
+"""
+
+from __future__ import annotations
+
+from gateway.broker.acl import parse_acl_file
+from gateway.mqtt import MQTT_311
+from gateway.mqtt import Publish as MqttPublish
+from gateway.mqttsn.gateway import TransportPolicy
+from gateway.mqttsn.packets import (
+    Advertise,
+    ConnAck,
+    Connect,
+    Disconnect,
+    GwInfo,
+    PingReq,
+    PingResp,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    RegAck,
+    Register,
+    ReturnCode,
+    SearchGw,
+    TopicIdType,
+    UnsubAck,
+    Unsubscribe,
+    WillMsgResp,
+    WillMsgUpd,
+    WillTopicResp,
+    WillTopicUpd,
+)
+from tests.support.harness import FakeClient
+from tests.support.mqttsn import SnHarness
+
+SHORT_TT = int.from_bytes(b"tt", "big")
+
+
+def watcher(h: SnHarness, topic_filter: str = "#", qos: int = 1) -> FakeClient:
+    client = h.client(MQTT_311)
+    client.connect("watcher")
+    client.subscribe(topic_filter, qos)
+    return client
+
+
+def mqtt_messages(client: FakeClient) -> list[tuple[str, bytes, int, bool]]:
+    out = []
+    for p in client.take():
+        assert isinstance(p, MqttPublish), p
+        out.append((p.topic, p.payload, p.qos, p.retain))
+        if p.qos:
+            client.ack(p)
+    return out
+
+
+# ---------------------------------------------------------------------- connect (6.2)
+
+
+def test_connect_is_accepted_and_counts_as_a_connected_client() -> None:
+    h = SnHarness()
+    dev = h.device()
+    assert dev.connect("dev1") == ConnAck(ReturnCode.ACCEPTED)
+    assert h.broker.connected == 1
+    values = h.broker.sys_values(h.now)
+    assert values["$SYS/broker/clients/connected"] == "1"
+    assert h.gateway.sys_values()["mqttsn/clients/connected"] == "1"
+
+
+def test_connect_with_a_wrong_protocol_id_or_client_id_is_not_supported() -> None:
+    h = SnHarness()
+    dev = h.device()
+    dev.send(Connect("dev1", 60, protocol_id=0x02))
+    assert dev.expect(ConnAck) == ConnAck(ReturnCode.NOT_SUPPORTED)
+    dev.send(Connect("", 60))
+    assert dev.expect(ConnAck) == ConnAck(ReturnCode.NOT_SUPPORTED)
+    dev.send(Connect("a/b", 60))
+    assert dev.expect(ConnAck) == ConnAck(ReturnCode.NOT_SUPPORTED)
+    assert h.broker.connected == 0
+
+
+def test_allow_list_refuses_other_client_ids_and_qos_minus_one() -> None:
+    h = SnHarness([TransportPolicy("udp", frozenset({"good"}))], predefined_topics={1: "p/one"})
+    w = watcher(h)
+    dev = h.device()
+    assert dev.connect("bad").return_code == ReturnCode.NOT_SUPPORTED
+    assert dev.connect("good").return_code == ReturnCode.ACCEPTED
+    other = h.device(("10.0.0.9", 1))
+    other.publish(1, b"anon", qos=-1, id_type=TopicIdType.PREDEFINED)
+    assert mqtt_messages(w) == []
+
+
+def test_a_client_id_used_by_an_mqtt_client_is_refused() -> None:
+    h = SnHarness()
+    mqtt = h.client(MQTT_311)
+    mqtt.connect("shared-id")
+    dev = h.device()
+    assert dev.connect("shared-id").return_code == ReturnCode.NOT_SUPPORTED
+
+
+def test_messages_that_need_a_connection_get_disconnect() -> None:
+    """After a gateway restart a device's PUBLISH or PINGREQ tells it to connect again."""
+    h = SnHarness()
+    dev = h.device()
+    dev.publish(1, b"x", qos=1)
+    assert dev.expect(Disconnect) == Disconnect()
+    dev.send(PingReq())
+    assert dev.expect(Disconnect) == Disconnect()
+    dev.send(PingReq("never-seen"))
+    assert dev.expect(Disconnect) == Disconnect()
+
+
+# ---------------------------------------------------------------------- discovery (6.1)
+
+
+def test_searchgw_is_answered_with_gwinfo_and_advertise_is_periodic() -> None:
+    h = SnHarness([TransportPolicy("udp", can_broadcast=True)], gateway_id=7, advertise_interval=30)
+    dev = h.device()
+    dev.send(SearchGw(1))
+    assert dev.expect(GwInfo) == GwInfo(7)
+    h.advance(0)  # the first one goes out at start-up
+    assert h.broadcasts() == [Advertise(7, 30)]
+    h.advance(29)
+    assert h.broadcasts() == []
+    h.advance(1)
+    assert h.broadcasts() == [Advertise(7, 30)]
+
+
+# ---------------------------------------------------------------------- register, publish
+
+
+def test_register_then_publish_qos_0_1_2_reach_mqtt_subscribers() -> None:
+    h = SnHarness()
+    w = watcher(h, qos=2)
+    dev = h.device()
+    dev.connect()
+    ack = dev.register("sensors/t")
+    assert ack.return_code == ReturnCode.ACCEPTED and ack.topic_id not in (0, 0xFFFF)
+    assert dev.register("sensors/t").topic_id == ack.topic_id  # the same id again
+    tid = ack.topic_id
+    dev.publish(tid, b"q0")
+    pid = dev.publish(tid, b"q1", qos=1)
+    assert dev.expect(PubAck) == PubAck(tid, pid, ReturnCode.ACCEPTED)
+    pid2 = dev.publish(tid, b"q2", qos=2)
+    assert dev.expect(PubRec) == PubRec(pid2)
+    dev.send(Publish(tid, pid2, b"q2", 2, dup=True))  # a resend before PUBREL
+    assert dev.expect(PubRec) == PubRec(pid2)
+    dev.send(PubRel(pid2))
+    assert dev.expect(PubComp) == PubComp(pid2)
+    assert mqtt_messages(w) == [
+        ("sensors/t", b"q0", 0, False),
+        ("sensors/t", b"q1", 1, False),
+        ("sensors/t", b"q2", 2, False),
+    ]
+    assert h.broker.stats.publish_received == 3
+
+
+def test_publish_to_an_unknown_topic_id_is_rejected_invalid_topic_id() -> None:
+    """6.6: the gateway answers PUBACK "rejected: invalid topic ID" (any QoS)."""
+    h = SnHarness()
+    dev = h.device()
+    dev.connect()
+    pid = dev.publish(42, b"x", qos=1)
+    assert dev.expect(PubAck) == PubAck(42, pid, ReturnCode.INVALID_TOPIC_ID)
+    dev.publish(42, b"x", qos=0)
+    assert dev.expect(PubAck) == PubAck(42, 0, ReturnCode.INVALID_TOPIC_ID)
+    pid = dev.publish(7, b"x", qos=1, id_type=TopicIdType.PREDEFINED)
+    assert dev.expect(PubAck) == PubAck(7, pid, ReturnCode.INVALID_TOPIC_ID)
+
+
+def test_register_of_a_wildcard_topic_is_not_supported_and_a_full_table_is_congestion() -> None:
+    h = SnHarness(max_topics_per_client=2)
+    dev = h.device()
+    dev.connect()
+    assert dev.register("a/#").return_code == ReturnCode.NOT_SUPPORTED
+    assert dev.register("a/1").return_code == ReturnCode.ACCEPTED
+    assert dev.register("a/2").return_code == ReturnCode.ACCEPTED
+    assert dev.register("a/3").return_code == ReturnCode.CONGESTION
+
+
+def test_predefined_and_short_topics() -> None:
+    h = SnHarness(predefined_topics={5: "plant/boiler/temp"})
+    w = watcher(h)
+    dev = h.device()
+    dev.connect()
+    dev.publish(5, b"80", qos=1, id_type=TopicIdType.PREDEFINED)
+    assert dev.expect(PubAck).return_code == ReturnCode.ACCEPTED
+    dev.publish(SHORT_TT, b"s", qos=1, id_type=TopicIdType.SHORT)
+    assert dev.expect(PubAck).return_code == ReturnCode.ACCEPTED
+    assert mqtt_messages(w) == [("plant/boiler/temp", b"80", 1, False), ("tt", b"s", 1, False)]
+
+
+def test_qos_minus_one_needs_no_connection_and_only_predefined_or_short_topics() -> None:
+    """6.8: a device publishes at QoS -1 without connecting; nothing is answered."""
+    h = SnHarness(predefined_topics={1: "p/one"})
+    w = watcher(h)
+    dev = h.device()
+    dev.publish(1, b"a", qos=-1, id_type=TopicIdType.PREDEFINED)
+    dev.publish(SHORT_TT, b"b", qos=-1, id_type=TopicIdType.SHORT)
+    dev.publish(1, b"c", qos=-1, id_type=TopicIdType.NORMAL)  # dropped: no registration
+    dev.publish(99, b"d", qos=-1, id_type=TopicIdType.PREDEFINED)  # dropped: unknown
+    dev.nothing()
+    assert mqtt_messages(w) == [("p/one", b"a", 0, False), ("tt", b"b", 0, False)]
+    assert h.broker.connected == 1  # the watcher only
+    assert h.gateway.stats.qos_minus_one == 2
+
+
+def test_retained_publish_and_retained_delivery_after_suback() -> None:
+    h = SnHarness()
+    dev = h.device()
+    dev.connect()
+    tid = dev.register("state/door").topic_id
+    dev.publish(tid, b"open", qos=1, retain=True)
+    dev.expect(PubAck)
+    other = h.device(("10.0.0.3", 1))
+    other.connect("dev2")
+    suback = other.subscribe("state/#", qos=1)
+    assert suback.return_code == ReturnCode.ACCEPTED and suback.topic_id == 0
+    reg = other.expect(Register)  # after the SUBACK, never before
+    assert reg.topic_name == "state/door"
+    other.send(RegAck(reg.topic_id, reg.msg_id))
+    pub = other.expect(Publish)
+    assert (pub.topic_id, pub.data, pub.retain, pub.qos) == (reg.topic_id, b"open", True, 1)
+
+
+# ---------------------------------------------------------------------- subscribe, deliver
+
+
+def test_wildcard_delivery_registers_the_topic_first_then_publishes() -> None:
+    """6.10: a topic the client does not know is REGISTERed before its PUBLISH."""
+    h = SnHarness()
+    mqtt = h.client(MQTT_311)
+    mqtt.connect("pub")
+    dev = h.device()
+    dev.connect()
+    assert dev.subscribe("cmd/+", qos=1).return_code == ReturnCode.ACCEPTED
+    mqtt.publish("cmd/led", b"on", qos=1)
+    mqtt.publish("cmd/led", b"off", qos=0)
+    reg = dev.expect(Register)
+    assert reg.topic_name == "cmd/led"
+    dev.nothing()  # the PUBLISH waits for the REGACK
+    dev.send(RegAck(reg.topic_id, reg.msg_id))
+    first = dev.expect(Publish)
+    assert (first.topic_id, first.data, first.qos) == (reg.topic_id, b"on", 1)
+    dev.nothing()  # one QoS 1 message in flight at a time
+    dev.ack(first)
+    second = dev.expect(Publish)
+    assert (second.topic_id, second.data, second.qos, second.msg_id) == (reg.topic_id, b"off", 0, 0)
+
+
+def test_subscribe_to_a_plain_topic_returns_its_id_and_delivery_uses_it() -> None:
+    h = SnHarness(predefined_topics={9: "p/nine"})
+    mqtt = h.client(MQTT_311)
+    mqtt.connect("pub")
+    dev = h.device()
+    dev.connect()
+    suback = dev.subscribe("cmd/x", qos=0)
+    assert suback.topic_id != 0
+    assert dev.subscribe(9, 0, TopicIdType.PREDEFINED).topic_id == 9
+    assert dev.subscribe("tt", 0, TopicIdType.SHORT).return_code == ReturnCode.ACCEPTED
+    mqtt.publish("cmd/x", b"1")
+    mqtt.publish("p/nine", b"2")
+    mqtt.publish("tt", b"3")
+    got = [(p.topic_id, p.topic_id_type, p.data) for p in dev.take() if isinstance(p, Publish)]
+    assert got == [
+        (suback.topic_id, TopicIdType.NORMAL, b"1"),
+        (9, TopicIdType.PREDEFINED, b"2"),
+        (SHORT_TT, TopicIdType.SHORT, b"3"),
+    ]
+    assert dev.subscribe(77, 0, TopicIdType.PREDEFINED).return_code == ReturnCode.INVALID_TOPIC_ID
+    assert dev.subscribe("a/#/b", 0).return_code == ReturnCode.INVALID_TOPIC_ID
+    assert dev.subscribe("x", -1).return_code == ReturnCode.NOT_SUPPORTED
+    dev.send(Unsubscribe(50, "cmd/x"))
+    assert dev.expect(UnsubAck) == UnsubAck(50)
+    mqtt.publish("cmd/x", b"gone")
+    dev.nothing()
+
+
+def test_qos2_delivery_to_a_client_runs_pubrec_pubrel_pubcomp() -> None:
+    h = SnHarness()
+    mqtt = h.client(MQTT_311)
+    mqtt.connect("pub")
+    dev = h.device()
+    dev.connect()
+    tid = dev.subscribe("q/two", qos=2).topic_id
+    mqtt.publish("q/two", b"once", qos=2)
+    pub = dev.expect(Publish)
+    assert (pub.topic_id, pub.qos) == (tid, 2)
+    dev.send(PubRec(pub.msg_id))
+    assert dev.expect(PubRel) == PubRel(pub.msg_id)
+    h.advance(10)  # Tretry: the PUBREL is resent
+    assert dev.expect(PubRel) == PubRel(pub.msg_id)
+    dev.send(PubComp(pub.msg_id))
+    h.advance(60)
+    dev.nothing()
+
+
+def test_unacknowledged_publish_is_resent_with_dup_then_the_client_is_lost() -> None:
+    """6.13: Tretry / Nretry; after the last retry the client is lost and its will fires."""
+    h = SnHarness(retry_interval=5, max_retries=2)
+    w = watcher(h, "status/#")
+    mqtt = h.client(MQTT_311)
+    mqtt.connect("pub")
+    dev = h.device()
+    dev.connect("dev1", duration=600, will=("status/dev1", b"gone", 1, False))
+    tid = dev.subscribe("inbox", qos=1).topic_id
+    mqtt.publish("inbox", b"m", qos=1)
+    first = dev.expect(Publish)
+    assert not first.dup and first.topic_id == tid
+    h.advance(5)
+    again = dev.expect(Publish)
+    assert again.dup and again.msg_id == first.msg_id
+    h.advance(5)
+    assert dev.expect(Publish).dup
+    assert mqtt_messages(w) == []
+    h.advance(5)
+    assert mqtt_messages(w) == [("status/dev1", b"gone", 1, False)]
+    assert h.gateway.stats.clients_lost == 1
+    dev.publish(tid, b"late", qos=1)
+    assert dev.expect(Disconnect) == Disconnect()
+
+
+def test_puback_invalid_topic_id_from_a_client_re_registers_and_resends() -> None:
+    h = SnHarness()
+    mqtt = h.client(MQTT_311)
+    mqtt.connect("pub")
+    dev = h.device()
+    dev.connect()
+    dev.subscribe("cmd/#", qos=1)
+    mqtt.publish("cmd/a", b"v", qos=1)
+    reg = dev.expect(Register)
+    dev.send(RegAck(reg.topic_id, reg.msg_id))
+    pub = dev.expect(Publish)
+    dev.send(PubAck(pub.topic_id, pub.msg_id, ReturnCode.INVALID_TOPIC_ID))
+    reg2 = dev.expect(Register)
+    assert reg2.topic_name == "cmd/a"
+    dev.send(RegAck(reg2.topic_id, reg2.msg_id))
+    assert dev.expect(Publish).data == b"v"
+
+
+# ---------------------------------------------------------------------- wills (6.3, 6.4)
+
+
+def test_keep_alive_loss_publishes_the_will() -> None:
+    h = SnHarness()
+    w = watcher(h, "status/#")
+    dev = h.device()
+    assert dev.connect("dev1", 10, will=("status/dev1", b"offline", 0, True)).return_code == 0
+    h.advance(14)
+    dev.send(PingReq())
+    assert dev.expect(PingResp) == PingResp()
+    h.advance(14.9)
+    assert mqtt_messages(w) == []
+    h.advance(0.2)  # 1.5 x keep alive after the PINGREQ
+    # Live delivery to an existing 3.1.1 subscriber clears retain (MQTT-3.3.1-9) ...
+    assert mqtt_messages(w) == [("status/dev1", b"offline", 0, False)]
+    # ... but the will was published retained.
+    assert [m.payload for m in h.broker.retained.matching("status/dev1", h.now)] == [b"offline"]
+    assert h.broker.connected == 1  # the watcher
+
+
+def test_disconnect_publishes_no_will_and_updates_change_it() -> None:
+    h = SnHarness()
+    w = watcher(h, "status/#")
+    dev = h.device()
+    dev.connect("dev1", 10, will=("status/dev1", b"v1", 0, False))
+    dev.send(WillTopicUpd("status/new", 1, False))
+    assert dev.expect(WillTopicResp) == WillTopicResp(ReturnCode.ACCEPTED)
+    dev.send(WillMsgUpd(b"v2"))
+    assert dev.expect(WillMsgResp) == WillMsgResp(ReturnCode.ACCEPTED)
+    dev.send(WillTopicUpd("bad/#"))
+    assert dev.expect(WillTopicResp) == WillTopicResp(ReturnCode.NOT_SUPPORTED)
+    h.advance(16)
+    assert mqtt_messages(w) == [("status/new", b"v2", 1, False)]
+
+    dev2 = h.device(("10.0.0.5", 2))
+    dev2.connect("dev2", 10, will=("status/dev2", b"x", 0, False))
+    dev2.send(Disconnect())
+    assert dev2.expect(Disconnect) == Disconnect()
+    h.advance(60)
+    assert mqtt_messages(w) == []
+
+
+def test_a_will_topic_the_acl_forbids_refuses_the_connect() -> None:
+    acl = parse_acl_file("pattern write devices/%c/#\n")
+    h = SnHarness(acl=acl)
+    dev = h.device()
+    assert dev.connect("d1", will=("elsewhere/x", b"", 0, False)).return_code == (
+        ReturnCode.NOT_SUPPORTED
+    )
+    assert dev.connect("d1", will=("devices/d1/status", b"", 0, False)).return_code == 0
+
+
+# ---------------------------------------------------------------------- sleeping clients (6.14)
+
+
+def test_sleeping_client_gets_its_buffered_messages_once_then_pingresp() -> None:
+    h = SnHarness()
+    mqtt = h.client(MQTT_311)
+    mqtt.connect("pub")
+    dev = h.device()
+    dev.connect("sleeper", 30, clean=True)
+    tid = dev.subscribe("to/sleeper", qos=1).topic_id
+    dev.sleep(120)
+    mqtt.publish("to/sleeper", b"a", qos=1)
+    mqtt.publish("to/sleeper", b"b", qos=0)
+    dev.nothing()  # asleep: buffered
+    h.advance(100)  # longer than 1.5 x keep alive: asleep clients use their duration
+    dev.wake("sleeper")
+    a = dev.expect(Publish)
+    assert (a.data, a.qos, a.topic_id) == (b"a", 1, tid)
+    dev.nothing()
+    dev.ack(a)
+    b = dev.expect(Publish)
+    assert (b.data, b.qos) == (b"b", 0)
+    assert dev.expect(PingResp) == PingResp()
+    dev.wake("sleeper")  # nothing new: only PINGRESP, nothing is sent twice
+    assert dev.take() == [PingResp()]
+
+
+def test_sleeping_client_wakes_from_a_new_address() -> None:
+    h = SnHarness()
+    mqtt = h.client(MQTT_311)
+    mqtt.connect("pub")
+    dev = h.device(("10.0.0.2", 1000))
+    dev.connect("sleeper")
+    dev.subscribe("x", 0)
+    dev.sleep(60)
+    mqtt.publish("x", b"1")
+    moved = h.device(("10.0.0.2", 2000))
+    moved.wake("sleeper")
+    assert [type(p) for p in moved.take()] == [Publish, PingResp]
+
+
+def test_sleep_buffer_is_bounded_drop_oldest_and_counted() -> None:
+    h = SnHarness(max_queued_messages=3)
+    mqtt = h.client(MQTT_311)
+    mqtt.connect("pub")
+    dev = h.device()
+    dev.connect("s")
+    dev.subscribe("n", 0)
+    dev.sleep(600)
+    for i in range(5):
+        mqtt.publish("n", str(i).encode())
+    dev.wake("s")
+    got = [p.data for p in dev.take() if isinstance(p, Publish)]
+    assert got == [b"2", b"3", b"4"]
+    assert h.gateway.stats.dropped_queue_full == 2
+
+
+def test_sleep_buffer_drop_new_policy_keeps_the_oldest() -> None:
+    h = SnHarness(max_queued_messages=2, queue_policy="drop-new")
+    mqtt = h.client(MQTT_311)
+    mqtt.connect("pub")
+    dev = h.device()
+    dev.connect("s")
+    dev.subscribe("n", 0)
+    dev.sleep(600)
+    for i in range(4):
+        mqtt.publish("n", str(i).encode())
+    dev.wake("s")
+    assert [p.data for p in dev.take() if isinstance(p, Publish)] == [b"0", b"1"]
+
+
+def test_a_client_not_back_within_its_sleep_duration_is_lost() -> None:
+    h = SnHarness()
+    w = watcher(h, "status/#")
+    dev = h.device()
+    dev.connect("s", 10, will=("status/s", b"dead", 0, False))
+    dev.sleep(100)
+    h.advance(149)
+    assert mqtt_messages(w) == []
+    h.advance(2)
+    assert mqtt_messages(w) == [("status/s", b"dead", 0, False)]
+
+
+def test_connect_while_asleep_makes_the_client_active_and_keeps_subscriptions() -> None:
+    h = SnHarness()
+    mqtt = h.client(MQTT_311)
+    mqtt.connect("pub")
+    dev = h.device()
+    dev.connect("s")
+    tid = dev.subscribe("k", 0).topic_id
+    dev.sleep(60)
+    mqtt.publish("k", b"buffered")
+    assert dev.connect("s", clean=True) == ConnAck(ReturnCode.ACCEPTED)
+    pub = dev.expect(Publish)
+    assert (pub.topic_id, pub.data) == (tid, b"buffered")
+
+
+# ---------------------------------------------------------------------- sessions
+
+
+def test_clean_session_false_keeps_subscriptions_and_qos1_messages_across_connections() -> None:
+    h = SnHarness()
+    mqtt = h.client(MQTT_311)
+    mqtt.connect("pub")
+    dev = h.device()
+    dev.connect("p", clean=False)
+    tid = dev.subscribe("keep", 1).topic_id
+    dev.send(Disconnect())
+    dev.expect(Disconnect)
+    mqtt.publish("keep", b"while away", qos=1)
+    mqtt.publish("keep", b"qos0 lost", qos=0)
+    dev.connect("p", clean=False)
+    pub = dev.expect(Publish)
+    assert (pub.topic_id, pub.data) == (tid, b"while away")
+    dev.ack(pub)
+    dev.nothing()
+    assert h.gateway.stats.dropped_offline_qos0 == 1
+    dev.connect("p", clean=True)
+    mqtt.publish("keep", b"after clean", qos=1)
+    dev.nothing()
+
+
+def test_takeover_from_a_new_address_keeps_the_session_without_a_will() -> None:
+    h = SnHarness()
+    w = watcher(h, "status/#")
+    old = h.device(("10.0.0.2", 1))
+    old.connect("dev", will=("status/dev", b"x", 0, False))
+    new = h.device(("10.0.0.2", 2))
+    assert new.connect("dev", clean=False) == ConnAck(ReturnCode.ACCEPTED)
+    old.publish(1, b"x", qos=1)
+    assert old.expect(Disconnect) == Disconnect()
+    assert mqtt_messages(w) == []
+    assert h.broker.connected == 2
+
+
+# ---------------------------------------------------------------------- bounds, hostile input
+
+
+def test_a_connect_flood_cannot_evict_established_clients() -> None:
+    h = SnHarness(max_clients=3)
+    devices = [h.device(("10.0.0.2", i)) for i in range(3)]
+    for i, d in enumerate(devices):
+        assert d.connect(f"d{i}").return_code == ReturnCode.ACCEPTED
+    devices[2].sleep(600)  # asleep counts as established too
+    for i in range(200):
+        flood = h.device(("10.9.0.1", 10_000 + i))
+        assert flood.connect(f"flood{i}").return_code == ReturnCode.CONGESTION
+    for d in devices[:2]:
+        d.send(PingReq())
+        assert d.expect(PingResp) == PingResp()
+    assert h.gateway.stats.clients_refused == 200
+    assert len(h.gateway.by_id) == 3
+
+
+def test_the_longest_disconnected_remembered_session_makes_room() -> None:
+    h = SnHarness(max_clients=2)
+    a, b, c = (h.device(("10.0.0.2", i)) for i in range(3))
+    a.connect("a", clean=False)
+    a.send(Disconnect())
+    h.advance(1)
+    b.connect("b")
+    assert c.connect("c").return_code == ReturnCode.ACCEPTED
+    assert set(h.gateway.by_id) == {"b", "c"}
+    assert h.gateway.stats.clients_evicted == 1
+
+
+def test_half_finished_connects_time_out_and_are_bounded() -> None:
+    h = SnHarness(max_connecting=2, connect_timeout=5)
+    for i in range(2):
+        h.device(("10.0.0.3", i)).send(Connect(f"w{i}", 60, will=True))
+    third = h.device(("10.0.0.3", 9))
+    third.send(Connect("w9", 60, will=True))
+    assert third.expect(ConnAck) == ConnAck(ReturnCode.CONGESTION)
+    h.advance(5)
+    assert h.gateway.by_id == {}
+    third.send(Connect("w9", 60, will=True))
+    assert third.take()[0] != ConnAck(ReturnCode.CONGESTION)
+
+
+def test_malformed_datagrams_are_counted_and_the_client_keeps_working() -> None:
+    h = SnHarness()
+    dev = h.device()
+    dev.connect()
+    for bad in (b"", b"\x00", b"\x05\x0c\x00", b"\x03\x11\x00", b"\x02\x0c", b"\x04\x16ab\xff"):
+        dev.send_raw(bad)
+    assert h.gateway.stats.malformed == 6
+    dev.send(PingReq())
+    assert dev.expect(PingResp) == PingResp()
+
+
+def test_acl_denied_publish_is_not_supported_and_counted() -> None:
+    acl = parse_acl_file("pattern write devices/%c/#\npattern read devices/%c/#\n")
+    h = SnHarness(acl=acl)
+    w = watcher(h)
+    dev = h.device()
+    dev.connect("d1")
+    ok = dev.register("devices/d1/t").topic_id
+    no = dev.register("other/t").topic_id
+    dev.publish(ok, b"1", qos=1)
+    assert dev.expect(PubAck).return_code == ReturnCode.ACCEPTED
+    dev.publish(no, b"2", qos=1)
+    assert dev.expect(PubAck).return_code == ReturnCode.NOT_SUPPORTED
+    assert dev.subscribe("other/#").return_code == ReturnCode.NOT_SUPPORTED
+    assert [m[0] for m in mqtt_messages(w)] == ["devices/d1/t"]
+    assert h.broker.stats.publish_denied == 1
+
+
+def test_a_message_the_broker_has_no_room_for_is_rejected_congestion() -> None:
+    """A bridge outbox full with policy "refuse" (a publish gate) or a full store."""
+    h = SnHarness()
+    h.broker.publish_gates.append(lambda topic, size: "bridge outbox full")
+    dev = h.device()
+    dev.connect()
+    tid = dev.register("up/x").topic_id
+    pid = dev.publish(tid, b"1", qos=1)
+    assert dev.expect(PubAck) == PubAck(tid, pid, ReturnCode.CONGESTION)
+    dev.publish(tid, b"2", qos=0)  # QoS 0 is not gated
+    dev.nothing()
+
+
+def test_publish_under_sys_is_refused() -> None:
+    h = SnHarness()
+    dev = h.device()
+    dev.connect()
+    tid = dev.register("$SYS/fake").topic_id
+    dev.publish(tid, b"1", qos=1)
+    assert dev.expect(PubAck).return_code == ReturnCode.NOT_SUPPORTED
+
+
+def test_a_puback_that_needs_the_store_waits_for_its_commit() -> None:
+    """Acknowledged means durable: a retained QoS 1 message is stored first."""
+    from gateway.broker.journal import Journal
+
+    h = SnHarness()
+    h.broker.journal = Journal()
+    dev = h.device()
+    dev.connect()
+    tid = dev.register("state/x").topic_id
+    pid = dev.publish(tid, b"kept", qos=1, retain=True)
+    dev.send(PingReq())  # later output to the same device waits behind the PUBACK
+    dev.nothing()
+    batch = h.broker.seal_batch()
+    assert batch is not None and batch[1]  # the retained message, for the store
+    h.gateway.committed(batch[0])
+    assert dev.take() == [PubAck(tid, pid, ReturnCode.ACCEPTED), PingResp()]
+
+
+# ---------------------------------------------------------------------- forwarders (5.5)
+
+
+def test_nodes_behind_one_forwarder_are_separate_clients_answered_encapsulated() -> None:
+    h = SnHarness()
+    w = watcher(h)
+    radio = ("serial0", None)
+    n1 = h.device(radio, transport="uart", node_id=b"\x00\x01")
+    n2 = h.device(radio, transport="uart", node_id=b"\x00\x02")
+    assert n1.connect("node1").return_code == ReturnCode.ACCEPTED
+    assert n2.connect("node2").return_code == ReturnCode.ACCEPTED
+    t1 = n1.register("n/1").topic_id
+    t2 = n2.register("n/2").topic_id
+    n1.publish(t1, b"a", qos=1)
+    n2.publish(t2, b"b", qos=1)
+    assert n1.expect(PubAck).return_code == 0 and n2.expect(PubAck).return_code == 0
+    assert {m[0] for m in mqtt_messages(w)} == {"n/1", "n/2"}
+    assert {c.client_id for c in h.gateway.by_id.values()} == {"node1", "node2"}

@@ -1,0 +1,395 @@
+"""The firmware bridge over real UDP sockets, against independent MQTT-SN clients.
+
+``ledge run`` serves MQTT-SN on a free loopback UDP port. The MQTT-SN side is the
+PyPI client ``mqtt-sn-12`` (its ``mqtt_sn_pub`` / ``mqtt_sn_sub`` commands and its
+``MqttSnClient`` class, tested by its author against EMQX and HiveMQ Edge); the MQTT
+side is paho-mqtt or Debian's ``mosquitto_sub`` connected to the same Ledge.
+
+Where ``mqtt-sn-12`` has no call for a step, the test uses that library's own packet
+classes over its own socket (said at each place): its client has no wake-up (PINGREQ
+with a client id) and never acknowledges a QoS 1 delivery (``polling`` compares the
+QoS with a flag constant). QoS 1 and 2 deliveries to a device are tested with the
+other PyPI client, ``mqttsn`` (0.0.4, from the Eclipse RSMB client).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mqttsn12.client.MqttSnClient import (  # type: ignore[import-untyped]
+    MqttSnClient,
+    MqttSnListener,
+    MqttSnMessage,
+)
+from mqttsn12.packets import PingReqPacket  # type: ignore[import-untyped]
+
+from tests.support.clients import Paho
+from tests.support.procs import LedgeProcess, free_port
+from tests.support.wait import wait_for
+
+BIN = Path(sys.executable).parent
+PREDEFINED = {7: "plant/boiler/temperature"}
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Listener(MqttSnListener):  # type: ignore[misc]
+    def __init__(self) -> None:
+        self.messages: list[tuple[str | None, bytes]] = []
+
+    def message_arrived(self, msg: MqttSnMessage) -> None:
+        self.messages.append((msg.get_topic_name(), bytes(msg.get_payload())))
+
+
+class Gateway:
+    """``ledge run`` with MQTT (TCP) and MQTT-SN (UDP) on free loopback ports."""
+
+    def __init__(self, tmp: Path, extra: str = "", mqttsn: str = "") -> None:
+        self.adv_port = free_udp_port()
+        config = tmp / "ledge.toml"
+        config.write_text(
+            "[[listeners]]\nport = 0\n"
+            f"{extra}\n"
+            "[mqttsn]\n"
+            'predefined_topics = { 7 = "plant/boiler/temperature" }\n'
+            "retry_interval = 0.5\nmax_retries = 3\nadvertise_interval = 1\n"
+            f"{mqttsn}\n"
+            "[[mqttsn.udp]]\nport = 0\n"
+            f'broadcast = ["127.0.0.1:{self.adv_port}"]\n'
+        )
+        self.proc = LedgeProcess(config=config, listen=False)
+
+    def __enter__(self) -> Gateway:
+        self.proc.start(listeners=2)
+        self.mqtt_port, self.sn_port = self.proc.ports[0], self.proc.ports[1]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.proc.stop() == 0, self.proc.log
+
+    def client(self, client_id: str, keep_alive: int = 30) -> MqttSnClient:
+        c = MqttSnClient()
+        c.set_client_id(client_id)
+        c.set_keep_alive(keep_alive)
+        c.set_timeout(5)
+        c.open("127.0.0.1", self.sn_port)
+        return c
+
+    def watcher(self, topic: str = "#", qos: int = 1) -> Paho:
+        w = Paho(self.mqtt_port, f"watch-{os.getpid()}-{free_port()}", version=4).connect()
+        w.subscribe(topic, qos)
+        return w
+
+
+@pytest.fixture
+def gw(tmp_path: Path) -> Iterator[Gateway]:
+    with Gateway(tmp_path) as g:
+        yield g
+
+
+def sn_pub(port: int, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "mqtt_sn_pub"), "-h", "127.0.0.1", "-p", str(port), "--timeout", "5", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+# ---------------------------------------------------------------------- publishing
+
+
+def test_mqtt_sn_pub_at_every_qos_reaches_an_mqtt_subscriber(gw: Gateway) -> None:
+    """QoS 0, 1 and 2 with REGISTER of a normal topic, QoS -1 without a connection on a
+    predefined topic id, a short topic name; paho sees each once."""
+    w = gw.watcher()
+    for args in (
+        ["-t", "sensors/t0", "-m", "zero", "-q", "0"],
+        ["-t", "sensors/t1", "-m", "one", "-q", "1"],
+        ["-t", "sensors/t2", "-m", "two", "-q", "2"],
+        ["-T", "7", "-m", "80.5", "-q", "-1"],
+        ["-t", "xy", "-m", "short", "-q", "1"],
+        ["-t", "sensors/r", "-m", "kept", "-q", "1", "-r"],
+    ):
+        out = sn_pub(gw.sn_port, *args)
+        assert out.returncode == 0, (args, out.stdout, out.stderr)
+        assert "error" not in (out.stdout + out.stderr).lower(), out.stdout + out.stderr
+    got = w.wait_messages(6)
+    assert sorted((m.topic, m.payload) for m in got) == sorted(
+        [
+            ("sensors/t0", b"zero"),
+            ("sensors/t1", b"one"),
+            ("sensors/t2", b"two"),
+            ("plant/boiler/temperature", b"80.5"),
+            ("xy", b"short"),
+            ("sensors/r", b"kept"),
+        ]
+    )
+    late = gw.watcher("sensors/r")  # retained: a new subscriber gets it at once
+    assert [(m.topic, m.payload, m.retain) for m in late.wait_messages(1)] == [
+        ("sensors/r", b"kept", True)
+    ]
+    w.disconnect()
+    late.disconnect()
+
+
+def test_an_unregistered_topic_id_is_rejected_invalid_topic_id(gw: Gateway) -> None:
+    c = gw.client("bad-topic")
+    c.send_connect()
+    with pytest.raises(Exception, match="invalid topic ID"):
+        c.send_publish_with_id(4242, 0, b"x", 1)  # normal topic id never registered
+    c.send_disconnect()
+    c.close()
+
+
+# ---------------------------------------------------------------------- subscribing
+
+
+def test_wildcard_subscription_registers_topics_before_delivery(gw: Gateway) -> None:
+    mqtt = Paho(gw.mqtt_port, "pub-wild", version=4).connect()
+    c = gw.client("sub-wild")
+    c.send_connect()
+    listener = Listener()
+    c.send_subscribe("cmd/+/set", 0, listener)
+    mqtt.publish("cmd/led/set", b"on", qos=1)
+    mqtt.publish("cmd/fan/set", b"off", qos=1)
+
+    def polled() -> bool:
+        c.polling()
+        return len(listener.messages) >= 2
+
+    wait_for(polled, 10, "two deliveries")
+    # mqtt-sn-12 learned each topic from our REGISTER: it names them.
+    assert listener.messages == [("cmd/led/set", b"on"), ("cmd/fan/set", b"off")]
+    c.send_disconnect()
+    c.close()
+    mqtt.disconnect()
+
+
+def test_mqtt_sn_sub_gets_a_retained_message_on_subscribe(gw: Gateway) -> None:
+    mqtt = Paho(gw.mqtt_port, "pub-ret", version=4).connect()
+    mqtt.publish("state/door", b"open", qos=1, retain=True)
+    out = subprocess.run(
+        [str(BIN / "mqtt_sn_sub"), "-p", str(gw.sn_port), "-t", "state/#", "-1", "--timeout", "5"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["open"]
+    mqtt.disconnect()
+
+
+def test_predefined_and_short_topic_subscriptions(gw: Gateway) -> None:
+    mqtt = Paho(gw.mqtt_port, "pub-pre", version=4).connect()
+    c = gw.client("sub-pre")
+    c.send_connect()
+    pre, short = Listener(), Listener()
+    c.send_subscribe_predefined(7, 0, pre)
+    c.send_subscribe("zz", 0, short)
+    mqtt.publish("plant/boiler/temperature", b"81", qos=1)
+    mqtt.publish("zz", b"short!", qos=1)
+
+    def polled() -> bool:
+        c.polling()
+        return bool(pre.messages and short.messages)
+
+    wait_for(polled, 10, "deliveries on predefined and short topics")
+    assert [m[1] for m in pre.messages] == [b"81"]
+    assert [m[1] for m in short.messages] == [b"short!"]
+    c.send_disconnect()
+    c.close()
+    mqtt.disconnect()
+
+
+def test_qos1_and_qos2_deliveries_to_a_device_are_acknowledged(gw: Gateway) -> None:
+    """With the ``mqttsn`` PyPI client, which runs PUBACK and PUBREC/PUBREL/PUBCOMP."""
+    from mqttsn.client import Callback, Client  # type: ignore[import-untyped]
+
+    got: list[tuple[int, bytes]] = []
+    done = threading.Event()
+
+    class Cb(Callback):  # type: ignore[misc]
+        def message_arrived(self, topic: object, payload: bytes, qos: int, *a: object) -> bool:
+            got.append((qos, bytes(payload)))
+            if len(got) >= 2:
+                done.set()
+            return True
+
+    client = Client(b"rsmb-client", port=gw.sn_port, host="127.0.0.1")
+    client.register_callback(Cb())
+    client.connect()
+    rc, _topic_id = client.subscribe("qq", qos=2)  # a short topic name: no REGISTER
+    assert rc == 0
+    mqtt = Paho(gw.mqtt_port, "pub-qq", version=4).connect()
+    mqtt.publish("qq", b"at-least-once", qos=1)
+    mqtt.publish("qq", b"exactly-once", qos=2)
+    assert done.wait(10), got
+    assert got == [(1, b"at-least-once"), (2, b"exactly-once")]
+
+    def settled() -> bool:  # nothing left in flight at the gateway: every ack arrived
+        return "retransmitted" not in gw.proc.log and "lost" not in gw.proc.log
+
+    assert settled()
+    client.sock.close()
+    mqtt.disconnect()
+
+
+# ---------------------------------------------------------------------- wills, sleep
+
+
+def test_a_device_lost_on_keep_alive_has_its_will_published(gw: Gateway) -> None:
+    w = gw.watcher("status/#")
+    c = gw.client("will-dev", keep_alive=1)
+    c.set_will("status/will-dev", "offline", 1, False)
+    c.send_connect()
+    c.datagram_socket.close()  # the device dies: no DISCONNECT, nothing more
+    got = w.wait_messages(1, timeout=10)
+    assert [(m.topic, m.payload) for m in got] == [("status/will-dev", b"offline")]
+    gw.proc.wait_log(r"client 'will-dev' at .* lost: keep alive of 1 s")
+    w.disconnect()
+
+
+def test_a_sleeping_device_gets_its_buffered_messages_when_it_wakes(gw: Gateway) -> None:
+    mqtt = Paho(gw.mqtt_port, "pub-sleep", version=4).connect()
+    c = gw.client("sleeper")
+    c.send_connect()
+    listener = Listener()
+    c.send_subscribe("to/sleeper/#", 0, listener)
+    c.send_disconnect(60)  # DISCONNECT with a duration: asleep
+    mqtt.publish("to/sleeper/a", b"first", qos=1)
+    mqtt.publish("to/sleeper/b", b"second", qos=1)
+    gw.proc.wait_log(r"'ledge-|pub-sleep")  # the publisher is in
+    # mqtt-sn-12's client has no wake-up call, and PingReqPacket.set_client_id stores
+    # bytes its encode() cannot take: the field is set directly, the library encodes.
+    wake = PingReqPacket()
+    wake.client_id = "sleeper"
+    c.send_packet(wake.encode())
+
+    def polled() -> bool:
+        c.polling()
+        return len(listener.messages) >= 2
+
+    wait_for(polled, 10, "buffered messages after waking")
+    assert listener.messages == [("to/sleeper/a", b"first"), ("to/sleeper/b", b"second")]
+    # ... then PINGRESP (6.14): back to sleep.
+    assert c.wait_for(True, 0x17) == bytes.fromhex("0217")
+    c.send_connect()  # back to active; nothing is delivered twice
+    for _ in range(5):
+        c.polling()
+    assert len(listener.messages) == 2
+    c.send_disconnect()
+    c.close()
+    mqtt.disconnect()
+
+
+# ---------------------------------------------------------------------- discovery
+
+
+def test_advertise_is_broadcast_and_searchgw_answered(gw: Gateway) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", gw.adv_port))
+        s.settimeout(5)
+        data, _ = s.recvfrom(100)
+    # ADVERTISE (5.4.1): Length 5, MsgType 0x00, GwId 1, Duration 1 s.
+    assert data == bytes.fromhex("0500010001")
+    c = gw.client("searcher")
+    c.send_search_gateway(1)  # raises unless a GWINFO comes back
+    c.close()
+
+
+# ---------------------------------------------------------------------- hostile input
+
+
+def test_malformed_datagrams_are_logged_with_source_and_offset(gw: Gateway) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        for bad in (b"\x00", b"\x05\x0c\x00", b"\x02\xff", b"\x07\x04\x04\x01\x00\x3c\xff"):
+            s.sendto(bad, ("127.0.0.1", gw.sn_port))
+    line = gw.proc.wait_log(r"unreadable message from 127\.0\.0\.1:%d at byte 6: ClientId" % port)  # noqa: UP031
+    assert "not UTF-8" in line
+    out = sn_pub(gw.sn_port, "-t", "still/works", "-m", "yes", "-q", "1")
+    assert out.returncode == 0, out.stderr
+
+
+def test_a_connect_flood_from_many_addresses_cannot_evict_devices(tmp_path: Path) -> None:
+    with Gateway(tmp_path, mqttsn="max_clients = 3") as gw:
+        devices = [gw.client(f"dev{i}") for i in range(3)]
+        for d in devices:
+            d.send_connect()
+        refused = 0
+        for i in range(200):
+            # From 200 source addresses across 127.0.0.0/8 (all loopback).
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.bind((f"127.0.{1 + i // 250}.{2 + i % 250}", 0))
+                s.settimeout(2)
+                cid = f"flood{i}".encode()
+                # CONNECT (5.4.4): Length, 0x04, flags CleanSession, ProtocolId, Duration 60.
+                connect = bytes((6 + len(cid), 0x04, 0x04, 0x01, 0x00, 0x3C)) + cid
+                s.sendto(connect, ("127.0.0.1", gw.sn_port))
+                reply, _ = s.recvfrom(10)
+                refused += reply == b"\x03\x05\x01"  # CONNACK rejected: congestion
+        assert refused == 200
+        for i, d in enumerate(devices):  # every established device still publishes
+            d.send_publish(f"alive/{i}", b"yes", 1)
+            d.send_disconnect()
+            d.close()
+        gw.proc.wait_log(r"refusing CONNECT of 'flood199': all 3 client slots in use")
+
+
+@pytest.mark.skipif(not shutil.which("mosquitto_sub"), reason="Debian's mosquitto-clients")
+def test_mosquitto_sub_sees_a_device_publish(gw: Gateway) -> None:
+    sub = subprocess.Popen(
+        ["mosquitto_sub", "-p", str(gw.mqtt_port), "-t", "dev/#", "-C", "1", "-v", "-W", "10"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        gw.proc.wait_log(r"connected from 127\.0\.0\.1:\d+ \(MQTT")
+
+        def sent() -> bool:
+            sn_pub(gw.sn_port, "-t", "dev/hello", "-m", "world", "-q", "1")
+            return True
+
+        sent()
+        out, _ = sub.communicate(timeout=15)
+    finally:
+        if sub.poll() is None:
+            sub.kill()
+    assert out.strip() == "dev/hello world"
+
+
+def test_mqtt_sn_over_ipv6(tmp_path: Path) -> None:
+    """An IPv6 socket ("::1"); mqtt-sn-12 speaks IPv4 only, so the datagrams here are
+    written from the specification's layouts (5.4.4 CONNECT, 5.4.5 CONNACK)."""
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6")
+    config = tmp_path / "ledge6.toml"
+    config.write_text('[[listeners]]\nport = 0\n[[mqttsn.udp]]\nhost = "::1"\nport = 0\n')
+    proc = LedgeProcess(config=config, listen=False).start()
+    try:
+        line = proc.wait_log(r"listening on ::1:(\d+) \(mqtt-sn over udp\)")
+        port = int(line.rsplit(":", 1)[1].split()[0])
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+            s.settimeout(5)
+            s.sendto(bytes.fromhex("0a040401003c") + b"six1", ("::1", port))
+            assert s.recv(16) == bytes.fromhex("030500")  # CONNACK accepted
+        proc.wait_log(r"client 'six1' connected from \[::1\]:\d+")
+    finally:
+        proc.stop()
