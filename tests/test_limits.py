@@ -379,7 +379,8 @@ def test_a_hard_limit_below_the_pool_is_named_and_the_pool_shrinks_to_fit(tmp_pa
 def test_rss_stays_flat_over_connect_disconnect_cycles() -> None:
     """README: RSS stays flat over connect/disconnect cycles (the bench runs 100,000; this
     runs 8,000 after a warm-up). Each cycle connects (3.1.1 and 5.0 in turn), subscribes
-    to a wildcard filter and an exact one of its own, and leaves with DISCONNECT or by dropping the socket."""
+    to a wildcard filter and an exact one of its own, and leaves with DISCONNECT or by
+    dropping the socket."""
     proc = LedgeProcess().start()
     assert proc.proc is not None
     pid = proc.proc.pid
