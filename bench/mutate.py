@@ -147,14 +147,18 @@ def run(package: str, children: int, niceness: int) -> None:
     print(f"mutate {package}: {time.monotonic() - started:.0f} s", flush=True)
 
 
-def results(package: str) -> tuple[Score, dict[str, list[str]]]:
-    """The score of ``package`` and its survivors by file (from mutmut's meta files)."""
+def results(package: str) -> tuple[list[Score], dict[str, list[str]]]:
+    """The scores of ``package``, file by file then in all, and its survivors by file
+    (from mutmut's meta files)."""
     import json
 
     where = WORK / package / "mutants" / "gateway" / package
-    counts: Counter[str] = Counter()
+    total: Counter[str] = Counter()
+    scores: list[Score] = []
     survivors: dict[str, list[str]] = {}
     for meta in sorted(where.glob("*.py.meta")):
+        name = meta.name.removesuffix(".meta")
+        counts: Counter[str] = Counter()
         data = json.loads(meta.read_text())
         for key, code in data["exit_code_by_key"].items():
             status = STATUS.get(code, f"exit {code}")
@@ -162,8 +166,12 @@ def results(package: str) -> tuple[Score, dict[str, list[str]]]:
                 status = "import time"
             counts[status] += 1
             if status in ("survived", "no tests"):
-                survivors.setdefault(meta.name.removesuffix(".meta"), []).append(key)
-    return Score(f"gateway/{package}", counts), survivors
+                survivors.setdefault(name, []).append(key)
+        if counts:
+            scores.append(Score(f"gateway/{package}/{name}", counts))
+            total.update(counts)
+    scores.append(Score(f"**gateway/{package}**", total))
+    return scores, survivors
 
 
 def _functions(path: Path) -> dict[str, str]:
@@ -194,12 +202,14 @@ def report(packages: list[str], diffs: bool) -> str:
     for package in packages:
         if not (WORK / package / "mutants").exists():
             continue
-        score, survivors = results(package)
-        c = score.counts
-        rows.append(
-            f"| {score.module} | {score.checked} | {c['killed']} | {c['survived']} | "
-            f"{c['no tests']} | {c['timeout']} | {score.score:.1%} | {c['import time']} |"
-        )
+        scores, survivors = results(package)
+        for score in scores:
+            c = score.counts
+            rows.append(
+                f"| {score.module} | {score.checked} | {c['killed']} | {c['survived']} | "
+                f"{c['no tests']} | {c['timeout']} | {score.score:.1%} | "
+                f"{c['not checked']} | {c['import time']} |"
+            )
         if diffs:
             for file, names in survivors.items():
                 path = WORK / package / "mutants" / "gateway" / package / file
@@ -211,8 +221,10 @@ def report(packages: list[str], diffs: bool) -> str:
         "# Mutation testing (mutmut)\n\n"
         "Score: killed (with timeouts) over all mutants checked; a mutant no covering "
         "test exists for counts as surviving.\n\n"
-        "| module | mutants | killed | survived | no tests | timeout | score | import time |\n"
-        "|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n\nTests per module:\n\n"
+        "| module | checked | killed | survived | no tests | timeout | score | not checked "
+        "| import time |\n|---|---|---|---|---|---|---|---|---|\n"
+        + "\n".join(rows)
+        + "\n\nTests per module:\n\n"
         f"{scopes}\n" + ("\n## Surviving mutants\n" + "\n".join(details) if details else "")
     )
 
