@@ -109,7 +109,42 @@ def budget(**settings: Any) -> Harness:
     """A harness with the connecting budget of the gateway (the harness lifts it)."""
     settings.setdefault("connecting_share", 0.25)
     settings.setdefault("max_connecting_per_address", 32)
+    # These tests open every connection at one instant: no grace unless a test sets it.
+    settings.setdefault("connecting_grace", 0.0)
     return Harness(**settings)
+
+
+def test_a_burst_younger_than_the_grace_is_admitted_then_trimmed_oldest_first() -> None:
+    """A burst of clients is accepted before any CONNECT is read: none of it is evicted
+    while the pool has room; when the grace is over, the budgets hold again."""
+    h = budget(max_connections=64, max_connecting_per_address=4, connecting_grace=1.0)
+    burst = [h.client(peer=f"10.0.0.1:{i}") for i in range(10)]
+    assert not any(c.closed for c in burst)
+    for i, c in enumerate(burst[:6]):  # most of the burst was only slow to be read
+        assert c.connect(f"burst{i}").reason_code == 0
+    h.advance(0.5)
+    assert not any(c.closed for c in burst)
+    h.advance(0.6)  # the grace is over: 4 still connecting from the address, within budget
+    assert not any(c.closed for c in burst)
+    silent = [h.client(peer=f"10.0.0.2:{i}") for i in range(10)]
+    h.advance(1.1)
+    assert [c.closed for c in silent] == [True] * 6 + [False] * 4  # the oldest went
+    assert h.broker.stats.evicted_address_full == 6
+    assert not any(c.closed for c in burst[:6])  # connected: never evicted
+    h.advance(10)  # connect_timeout still counts from the start
+    assert all(c.closed for c in silent + burst[6:])
+
+
+def test_the_share_is_trimmed_when_the_grace_is_over_and_a_full_pool_ignores_it() -> None:
+    h = budget(max_connections=8, connecting_share=0.5, connecting_grace=1.0)
+    young = [h.client(peer=f"10.0.0.{i}:1") for i in range(8)]  # 4 over the share
+    assert not any(c.closed for c in young)
+    newcomer = h.client(peer="10.0.1.1:1")  # the pool is full: the oldest goes at once
+    assert young[0].closed and not newcomer.conn.overflow
+    assert newcomer.connect("newcomer").reason_code == 0
+    h.advance(1.1)
+    assert [c.closed for c in young] == [True] * 4 + [False] * 4
+    assert h.broker.stats.evicted_connecting_full == 4
 
 
 def test_connections_before_connack_hold_only_their_share_and_the_oldest_goes() -> None:

@@ -231,7 +231,11 @@ class Broker(Context):
                 self.connecting[conn.id] = conn
                 self.connecting_by_address.setdefault(source, {})[conn.id] = conn
             self.stats.connections_total += 1
-            closing.arm_connect_deadline(self, conn, now)
+            grace = self.settings.connecting_grace
+            if conn.overflow or grace >= self.settings.connect_timeout:
+                closing.arm_connect_deadline(self, conn, now)
+            else:
+                conn.timer = self.timers.at(now + grace, _grace_over, (self, conn, conn.generation))
             return conn
         finally:
             self.end()
@@ -243,9 +247,14 @@ class Broker(Context):
         slot, or None."""
         settings = self.settings
         limit = policy.max_connections if policy is not None else 0
+        # Only connections that had their grace can be judged silent (a burst of
+        # clients is accepted before any of their CONNECTs is read).
+        judged = now - settings.connecting_grace
         same = self.connecting_by_address.get(source)
         if same is not None and len(same) >= settings.max_connecting_per_address:
-            self._evict(next(iter(same.values())), peer, now, by_address=True)
+            oldest = next(iter(same.values()))
+            if oldest.opened_at <= judged or not self.free:
+                self._evict(oldest, peer, now, by_address=True)
         at_limit = bool(limit) and self.listener_open.get(listener, 0) >= limit
         if at_limit:
             # Only a connection of the same listener can make room under its limit.
@@ -253,8 +262,12 @@ class Broker(Context):
             if victim is not None:
                 self._evict(victim, peer, now, by_address=False)
                 at_limit = False
-        elif self.connecting and (len(self.connecting) >= settings.max_connecting or not self.free):
-            self._evict(next(iter(self.connecting.values())), peer, now, by_address=False)
+        elif self.connecting:
+            oldest = next(iter(self.connecting.values()))
+            if not self.free or (
+                len(self.connecting) >= settings.max_connecting and oldest.opened_at <= judged
+            ):
+                self._evict(oldest, peer, now, by_address=False)
         if self.free and not at_limit:
             conn = self.free.pop()
             self.listener_open[listener] = self.listener_open.get(listener, 0) + 1
@@ -276,7 +289,18 @@ class Broker(Context):
             )
         return None
 
-    def _evict(self, victim: Connection, peer: str, now: float, *, by_address: bool) -> None:
+    def trim_connecting(self, conn: Connection, now: float) -> None:
+        """``conn``'s grace is over, still before its CONNACK: the budgets it was let
+        past are enforced again, oldest first (those are at least as old as it)."""
+        settings = self.settings
+        same = self.connecting_by_address.get(conn.source)
+        while same and len(same) > settings.max_connecting_per_address:
+            self._evict(next(iter(same.values())), None, now, by_address=True)
+            same = self.connecting_by_address.get(conn.source)
+        while len(self.connecting) > settings.max_connecting:
+            self._evict(next(iter(self.connecting.values())), None, now, by_address=False)
+
+    def _evict(self, victim: Connection, peer: str | None, now: float, *, by_address: bool) -> None:
         """Close ``victim``, still before its CONNACK, and hand its slot to ``peer``."""
         stats = self.stats
         if by_address:
@@ -297,7 +321,7 @@ class Broker(Context):
                 "closing %s, without CONNACK after %.1f s, to admit %s: %s (%d evicted so far)",
                 victim.label,
                 now - victim.opened_at,
-                peer,
+                peer or "no one (its grace is over)",
                 why,
                 evicted,
             )
@@ -485,3 +509,19 @@ class Broker(Context):
             )
         finally:
             self.end()
+
+
+def _grace_over(arg: tuple[Broker, Connection, int], now: float) -> None:
+    """A connection's ``connecting_grace`` is over before its CONNACK: trim the budgets,
+    then it has the rest of ``connect_timeout`` to finish."""
+    broker, conn, generation = arg
+    if conn.generation != generation or conn.state is not State.NEW:
+        return
+    conn.timer = None
+    broker.begin()
+    try:
+        broker.trim_connecting(conn, now)
+        if not conn.evicted and conn.state is State.NEW:
+            closing.arm_connect_deadline(broker, conn, conn.opened_at)
+    finally:
+        broker.end()

@@ -63,6 +63,10 @@ class BrokerSettings:
     #: /64); beyond either the oldest of them is closed (``core.open_connection``).
     connecting_share: float = option(0.25, reload=True, gt=0, le=1)
     max_connecting_per_address: int = option(32, reload=True, ge=1)
+    #: A connection younger than this is not evicted for either budget while the pool
+    #: has a free slot (a burst of clients is accepted before any CONNECT is read);
+    #: at this age the budgets are enforced again, oldest first.
+    connecting_grace: float = option(1.0, reload=True, ge=0)
     max_packet_size: int = option(1_048_576, ge=64, le=VARINT_MAX + 5)
     max_keepalive: int = option(60, reload=True, ge=0, le=65535)
     connect_timeout: float = option(10.0, reload=True, gt=0)
