@@ -107,6 +107,27 @@ class Score:
         return caught / self.checked if self.checked else 0.0
 
 
+#: Loaded by the scratch copy's test runs: a test that starts a gateway (or Mosquitto)
+#: process is skipped there. The process imports the code with every mutant off, so it
+#: can never judge one, and under mutmut's trampolines on a busy machine its start-up
+#: can outlast the helpers' deadline and abort the whole run.
+PLUGIN = """\
+from __future__ import annotations
+
+import pytest
+
+from tests.support import procs
+
+
+def _skip(*args: object, **kwargs: object) -> None:
+    pytest.skip("a separate process cannot judge a mutant")
+
+
+procs.LedgeProcess.start = _skip  # type: ignore[assignment,method-assign]
+procs.MosquittoProcess.start = _skip  # type: ignore[assignment,method-assign]
+"""
+
+
 def _copy(package: str, scope: tuple[str, ...]) -> Path:
     """A scratch copy of what the tests import, with mutmut's config for ``package``."""
     where = WORK / package
@@ -123,10 +144,12 @@ def _copy(package: str, scope: tuple[str, ...]) -> Path:
         'source_paths = ["gateway"]\n'
         f'only_mutate = ["gateway/{package}/*"]\n'
         'also_copy = ["drivers"]\n'
-        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x"]\n'
+        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "tests.mutate_plugin", '
+        '"-q", "-x"]\n'
         f"pytest_add_cli_args_test_selection = [{quoted}]\n"
     )
     (where / "pyproject.toml").write_text(pyproject)
+    (where / "tests" / "mutate_plugin.py").write_text(PLUGIN)
     return where
 
 

@@ -485,7 +485,8 @@ def test_counts_bytes_and_the_store_agree_through_every_path(
                 refused += 1
         elif action == "send":
             wall += n % 3  # time passes: some entries expire on their turn
-            while (e := box.next_ready(wall)) is not None:
+            while (ready := box.next_ready(wall)) is not None:
+                e = ready
                 assert e.seq not in sent_this_link, "sent twice on one link"
                 assert not sent_this_link or e.seq > sent_this_link[-1], "out of order"
                 sent_this_link.append(e.seq)
@@ -528,9 +529,9 @@ def test_counts_bytes_and_the_store_agree_through_every_path(
     box.rewind()
     left: list[int] = []
     for _ in range(1000):
-        while (e := box.next_ready(wall)) is not None:
-            left.append(e.seq)
-            box.acknowledged(e)
+        while (ready := box.next_ready(wall)) is not None:
+            left.append(ready.seq)
+            box.acknowledged(ready)
         request = box.refill_request()
         if request is None and not box.spilled:
             break
