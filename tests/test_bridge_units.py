@@ -126,6 +126,21 @@ def make_outbox(
     return box, ops
 
 
+def stored(row: PutOutbox) -> Entry:
+    """The entry the store gives back for a row it was told to put."""
+    return Entry(
+        row.pos,
+        row.seq,
+        row.topic,
+        row.payload,
+        row.qos,
+        bool(row.retain),
+        row.properties,
+        row.created,
+        row.expires,
+    )
+
+
 def drain(box: Outbox, wall: float = 0.0) -> list[Entry]:
     out = []
     while (e := box.next_ready(wall)) is not None:
@@ -235,12 +250,7 @@ def test_beyond_memory_bytes_entries_wait_on_disk_and_are_paged_back() -> None:
     rows = {op.pos: op for op in ops if isinstance(op, PutOutbox)}  # what the store would hold
 
     def read(first: int, count: int) -> list[Entry]:
-        return [
-            Entry(pos, seq, topic, payload, qos, bool(retain), props, created, expires)
-            for _, pos, seq, topic, payload, qos, retain, props, created, expires in (
-                rows[p] for p in range(first, first + count) if p in rows
-            )
-        ]
+        return [stored(rows[p]) for p in range(first, first + count) if p in rows]
 
     got: list[int] = []
     while box.count:
@@ -268,20 +278,7 @@ def test_paging_skips_rows_dropped_meanwhile_and_waits_for_uncommitted_ones() ->
     rows = {op.pos: op for op in ops if isinstance(op, PutOutbox)}
 
     def page(*positions: int) -> list[Entry]:
-        return [
-            Entry(
-                p,
-                r.seq,
-                r.topic,
-                r.payload,
-                r.qos,
-                bool(r.retain),
-                r.properties,
-                r.created,
-                r.expires,
-            )
-            for p, r in ((p, rows[p]) for p in positions)
-        ]
+        return [stored(rows[p]) for p in positions]
 
     box.put(entry(6))
     box.put(entry(7))  # drop-oldest: 2 (in flight, from memory)
@@ -405,19 +402,7 @@ class _StoreModel:
 
     def page(self, first: int, count: int) -> list[Entry]:
         return [
-            Entry(
-                p,
-                r.seq,
-                r.topic,
-                r.payload,
-                r.qos,
-                bool(r.retain),
-                r.properties,
-                r.created,
-                r.expires,
-            )
-            for p, r in sorted(self.rows.items())
-            if first <= p < first + count
+            stored(row) for pos, row in sorted(self.rows.items()) if first <= pos < first + count
         ]
 
 
