@@ -59,6 +59,8 @@ SCOPES: dict[str, tuple[str, ...]] = {
         "tests/test_limits.py",
         "tests/test_local_and_taps.py",
         "tests/test_subtree.py",
+        "tests/test_mqttsn_gateway.py",  # the MQTT-SN clients' broker sessions (proxy.py)
+        "tests/test_security_passwd.py",  # password files (auth.py)
     ),
     "bridge": ("tests/test_bridge_units.py",),
 }
