@@ -2,8 +2,9 @@
 ITERATIONS ?= 200
 PIPELINE_LINES ?= 250000 1000000 4000000
 FUZZ_SECONDS ?= 600
+MUTATE ?=
 
-.PHONY: run test bench bench-quick bench-serial bench-ble bench-bridge bench-metrics bench-mqttsn crash-test pipeline-bench fuzz
+.PHONY: run test bench bench-quick bench-serial bench-ble bench-bridge bench-metrics bench-flood bench-mqttsn crash-test pipeline-bench fuzz mutate
 
 run:            ## start the gateway on the embedded default config
 	scripts/run
@@ -37,6 +38,11 @@ bench-metrics:  ## gateway time per /metrics, /api/status and / scrape at 1,000 
 	scripts/setup --test
 	.venv/bin/python -m bench.metrics
 
+bench-flood:    ## 1,700 sockets that never finish CONNECT against Ledge and Mosquitto (default configs; soft open-file limit as a service gets, then this shell's)
+	scripts/setup --test
+	.venv/bin/python -m bench.flood --open-files 1024:$$(ulimit -Hn)
+	.venv/bin/python -m bench.flood
+
 bench-mqttsn:   ## firmware bridge: MQTT-SN/UDP vs MQTT/TCP PUBLISH/s, RSS per idle client, 1,000-client sleep soak (~12 min)
 	scripts/setup --test
 	.venv/bin/python -m bench.mqttsn
@@ -44,6 +50,11 @@ bench-mqttsn:   ## firmware bridge: MQTT-SN/UDP vs MQTT/TCP PUBLISH/s, RSS per i
 pipeline-bench: ## ledge-pipeline run on local[2] (fresh JVM) at 0.25M, 1M and 4M landing lines, DuckDB beside it
 	scripts/setup --test
 	.venv/bin/python -m bench.pipeline $(addprefix --lines ,$(PIPELINE_LINES))
+
+mutate:         ## mutation testing (mutmut) of gateway/mqtt, gateway/broker, gateway/bridge with their fast tests; report in .mutate/report.md (hours of CPU)
+	scripts/setup --test
+	.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[mutate]"
+	.venv/bin/python -m bench.mutate $(MUTATE)
 
 fuzz:           ## coverage-guided fuzzing of codec, codec hot paths, connection state machine, WebSocket reader, HTTP listener and firmware bridge, FUZZ_SECONDS per target
 	scripts/setup --test

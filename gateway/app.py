@@ -132,8 +132,12 @@ class Gateway:
         self.wall_offset = time.time() - loop.time()
         if config.data_dir is not None:
             os.makedirs(config.data_dir, exist_ok=True)
+        from gateway.net import descriptors
+
+        handshakes = sum(lc.type != "tcp" for lc in config.listeners)
+        settings = descriptors.fit(config.broker, len(config.listeners), handshakes)
         self.broker = Broker(
-            config.broker,
+            settings,
             build_authenticator(config.allow_anonymous, config.password_file),
             version=f"ledge {__version__}",
             now=loop.time(),

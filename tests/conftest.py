@@ -32,7 +32,7 @@ def ledge() -> Iterator[LedgeProcess]:
     """A fresh ``ledge run`` on the embedded default config, on a free port."""
     proc = LedgeProcess().start()
     yield proc
-    proc.stop()
+    assert proc.stop() == 0
 
 
 @pytest.fixture(scope="module")
@@ -40,13 +40,11 @@ def shared_ledge() -> Iterator[LedgeProcess]:
     """One ``ledge run`` for a whole module; tests use distinct client ids and topics."""
     proc = LedgeProcess().start()
     yield proc
-    proc.stop()
+    assert proc.stop() == 0
 
 
 @pytest.fixture
 def mosquitto(tmp_path: Path) -> Iterator[MosquittoProcess]:
-    if not MosquittoProcess.available():
-        pytest.fail("mosquitto is not installed: run scripts/setup --test")
     proc = MosquittoProcess(tmp_path).start()
     yield proc
     proc.stop()

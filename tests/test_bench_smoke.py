@@ -15,8 +15,7 @@ from tests.support.procs import REPO, MosquittoProcess
 
 @pytest.mark.slow
 def test_bench_quick_run(tmp_path: Path) -> None:
-    if not MosquittoProcess.available():
-        pytest.fail("mosquitto is not installed: run scripts/setup --test")
+    MosquittoProcess.require()
     out = tmp_path / "bench.json"
     cmd = [
         sys.executable,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,10 +25,6 @@ from gateway.bridgectl import collect
 from tests.support.clients import Paho, Received
 from tests.support.procs import REPO, LedgeProcess, MosquittoProcess, free_port
 from tests.support.wait import wait_for
-
-pytestmark = pytest.mark.skipif(
-    not MosquittoProcess.available(), reason="Debian's mosquitto is not installed"
-)
 
 
 @dataclass
@@ -258,7 +255,15 @@ class Publisher:
 def test_a_full_outbox_applies_its_policy_and_counts(
     tmp_path: Path, cloud: Cloud, policy: str
 ) -> None:
-    cloud.port = free_port()
+    """The cloud's consumer has subscribed (a persistent session, kept on disk) before
+    the bridge can ever connect: whenever the bridge drains its outbox, every message
+    is queued for the consumer, however fast the replay is."""
+    cloud.extra = f"persistence true\npersistence_location {tmp_path}/\nuser root\n"
+    cloud.start()
+    first = Paho(cloud.port, "consumer").connect(clean=False, session_expiry=600)
+    first.subscribe("t/#", 1)
+    first.disconnect()
+    cloud.stop()  # the uplink is down from the start
     config = bridge_config(
         tmp_path,
         cloud.port,
@@ -277,10 +282,10 @@ def test_a_full_outbox_applies_its_policy_and_counts(
             assert codes == [0] * 80
             wait_bridge(proc, "dropped/full", "30")
         assert bridge_values(proc)["queued"] == "50"
-        cloud.start()
-        up = Paho(cloud.port, "consumer").connect()
-        up.subscribe("t/#", 1)
+        cloud.start()  # on the same port, with the consumer's session
         wait_bridge(proc, "queued", "0")
+        up = Paho(cloud.port, "consumer").connect(clean=False, session_expiry=600)
+        assert up.session_present
         got = [int(m.payload) for m in up.wait_messages(50)]
         expected = list(range(30, 80)) if policy == "drop-oldest" else list(range(50))
         assert got == expected
@@ -479,28 +484,186 @@ def _plain(tmp_path: Path, name: str) -> Path:
 def test_replay_honours_the_remotes_receive_maximum_and_the_rate_limit(
     tmp_path: Path, cloud: Cloud
 ) -> None:
+    """100 messages wait in the outbox (written while the cloud was down, kept across a
+    restart); the cloud's consumer is subscribed before the bridge connects, so the
+    arrival times it sees are the replay's pace: never faster than ``rate_limit``."""
+    rate = 40
+    count = 100
     cloud.extra = "max_inflight_messages 5\n"
     cloud.port = free_port()
-    config = bridge_config(tmp_path, cloud.port, rule("t/#"), "rate_limit = 200")
-    proc = LedgeProcess("--data-dir", str(tmp_path / "data"), config=config).start()
+    config = bridge_config(tmp_path, cloud.port, rule("t/#"), f"rate_limit = {rate}")
+    data = str(tmp_path / "data")
+    proc = LedgeProcess("--data-dir", data, config=config).start()
     try:
         pub = Paho(proc.port, "producer").connect()
-        for i in range(200):
+        for i in range(count):
             pub.publish("t/x", b"%d" % i, 1)
         pub.disconnect()
-        cloud.start()
-        up = Paho(cloud.port, "consumer").connect()
-        up.subscribe("t/#", 1)
+        wait_bridge(proc, "queued", str(count))
+    finally:
+        assert proc.stop() == 0
+    cloud.start()
+    up = Paho(cloud.port, "consumer").connect()
+    up.subscribe("t/#", 1)
+    proc = LedgeProcess("--data-dir", data, config=config).start()
+    try:
         line = proc.wait_log("bridge cloud: connected to", 10)
         assert "receive maximum 5, window 5" in line
         # Mosquitto disconnects a client that exceeds its Receive Maximum (0x93): we never do
-        got = up.wait_messages(200, 20)
-        assert [int(m.payload) for m in got] == list(range(200))
-        wait_bridge(proc, "acknowledged", "200")
+        got = up.wait_messages(count, 20)
+        assert [int(m.payload) for m in got] == list(range(count))
+        span = got[-1].at - got[0].at
+        least = (count - 1) / rate  # the first goes at once, then one per 1/rate s
+        assert span >= least * 0.9, f"{count} messages in {span:.2f} s: over {rate}/s"
+        assert span < least * 4, f"{count} messages in {span:.2f} s: far below {rate}/s"
+        wait_bridge(proc, "acknowledged", str(count))
         assert bridge_values(proc)["connects"] == "1"
         up.disconnect()
     finally:
         assert proc.stop() == 0
+
+
+# ---------------------------------------------------------------------- refusals
+
+
+def test_a_message_the_remote_refuses_is_counted_dropped_and_never_retried(
+    tmp_path: Path, cloud: Cloud
+) -> None:
+    """Mosquitto answers a PUBLISH its ACL denies with PUBACK 0x87 (MQTT 5.0)."""
+    acl = tmp_path / "cloud.acl"
+    acl.write_text("topic write up/ok/#\ntopic read #\n")
+    cloud.extra = f"acl_file {acl}\nuser root\n"
+    cloud.start()
+    rules = rule("#", local_prefix="t/", remote_prefix="up/")
+    proc = LedgeProcess(config=bridge_config(tmp_path, cloud.port, rules)).start()
+    try:
+        proc.wait_log("bridge cloud: connected to")
+        up = Paho(cloud.port, "consumer").connect()
+        up.subscribe("up/#", 1)
+        pub = Paho(proc.port, "producer").connect()
+        pub.publish("t/ok/1", b"1", 1)
+        pub.publish("t/denied/1", b"2", 1)
+        pub.publish("t/ok/2", b"3", 1)
+        assert [m.payload for m in up.wait_messages(2)] == [b"1", b"3"]
+        wait_bridge(proc, "dropped/rejected", "1")
+        proc.wait_log(r"the remote refused the message on 'up/denied/1' \(reason code 0x87\)")
+        wait_bridge(proc, "queued", "0")
+        values = bridge_values(proc)
+        assert values["sent"] == "3" and values["acknowledged"] == "3"
+        assert values["dropped"] == "1"
+        # Nothing was sent again meanwhile: one more message is the 4th ever sent.
+        pub.publish("t/ok/3", b"4", 1)
+        assert [m.payload for m in up.wait_messages(3)][-1] == b"4"
+        wait_bridge(proc, "acknowledged", "4")
+        assert bridge_values(proc)["sent"] == "4"
+        assert proc.log.count("the remote refused") == 1
+        up.disconnect()
+        pub.disconnect()
+    finally:
+        assert proc.stop() == 0
+
+
+# ---------------------------------------------------------------------- QoS 0 bypass
+
+
+def test_qos0_bypass_goes_up_only_while_connected_and_never_to_disk(
+    tmp_path: Path, cloud: Cloud
+) -> None:
+    cloud.start()
+    config = bridge_config(tmp_path, cloud.port, rule("t/#"), 'qos0 = "bypass"')
+    proc = LedgeProcess("--data-dir", str(tmp_path / "data"), config=config).start()
+    try:
+        proc.wait_log("bridge cloud: connected to")
+        up = Paho(cloud.port, "consumer").connect(clean=False, session_expiry=600)
+        up.subscribe("t/#", 1)
+        pub = Paho(proc.port, "producer").connect()
+        pub.publish("t/live", b"q0-online", 0)
+        assert [m.payload for m in up.wait_messages(1)] == [b"q0-online"]
+        up.disconnect()
+        cloud.stop()
+        proc.wait_log("bridge cloud: lost 127.0.0.1")
+        for i in range(5):
+            pub.publish("t/offline", b"q0-%d" % i, 0)
+        pub.publish("t/offline", b"q1-kept", 1)
+        wait_bridge(proc, "dropped/qos 0 offline", "5")
+        assert bridge_values(proc)["queued"] == "1"  # only the QoS 1 message waits
+        db = sqlite3.connect(f"file:{tmp_path / 'data' / 'ledge.db'}?mode=ro", uri=True)
+        try:
+            assert db.execute("SELECT count(*) FROM outbox").fetchone() == (1,)
+        finally:
+            db.close()
+        cloud.start()
+        up = Paho(cloud.port, "consumer").connect(clean=False, session_expiry=600)
+        up.subscribe("t/#", 1)
+        wait_bridge(proc, "queued", "0")
+        pub.publish("t/live", b"q0-back", 0)
+        got = up.wait_messages(2)
+        assert sorted(m.payload for m in got) == [b"q0-back", b"q1-kept"]
+        pub.disconnect()
+        up.disconnect()
+    finally:
+        assert proc.stop() == 0
+
+
+# ---------------------------------------------------------------------- failover
+
+
+def test_failover_through_addresses(tmp_path: Path, cloud: Cloud) -> None:
+    """The first address has nobody listening: the bridge moves on to the next."""
+    cloud.start()
+    dead = free_port()
+    config = bridge_config(tmp_path, dead, rule("t/#"), f'addresses = ["127.0.0.1:{cloud.port}"]')
+    proc = LedgeProcess(config=config).start()
+    try:
+        proc.wait_log(rf"bridge cloud: cannot connect to 127.0.0.1:{dead}")
+        proc.wait_log(rf"bridge cloud: connected to 127.0.0.1:{cloud.port}", 15)
+        assert bridge_values(proc)["address"] == f"127.0.0.1:{cloud.port}"
+        up = Paho(cloud.port, "consumer").connect()
+        up.subscribe("t/#", 1)
+        pub = Paho(proc.port, "producer").connect()
+        pub.publish("t/x", b"via the second address", 1)
+        assert [m.payload for m in up.wait_messages(1)] == [b"via the second address"]
+        up.disconnect()
+        pub.disconnect()
+    finally:
+        assert proc.stop() == 0
+
+
+# ---------------------------------------------------------------------- status will
+
+
+def test_the_cloud_sees_the_gateways_status_online_and_offline(
+    tmp_path: Path, cloud: Cloud
+) -> None:
+    """The gateway's status topic maps out through a rule: the bridge publishes
+    ``online`` (retained) on connect and ``offline`` on a clean stop; after kill -9 the
+    cloud publishes the bridge's will, ``offline``, retained."""
+    cloud.start()
+    rules = rule("gw1/status", local_prefix="ledge/", remote_prefix="site/")
+    config = bridge_config(tmp_path, cloud.port, rules)
+    watch = Paho(cloud.port, "status-watch").connect()
+    watch.subscribe("site/gw1/status", 1)
+
+    def statuses(count: int) -> list[tuple[bytes, bool]]:
+        return [(m.payload, m.retain) for m in watch.wait_messages(count, 15)]
+
+    proc = LedgeProcess(config=config).start()
+    try:
+        assert statuses(1) == [(b"online", False)]  # live delivery: retain flag cleared
+    finally:
+        assert proc.stop() == 0
+    assert statuses(2)[1] == (b"offline", False)
+    proc = LedgeProcess(config=config).start()
+    try:
+        assert statuses(3)[2] == (b"online", False)
+    finally:
+        proc.kill()  # no goodbye: only the will can tell the cloud
+    assert statuses(4)[3] == (b"offline", False)
+    late = Paho(cloud.port, "late-watch").connect()
+    late.subscribe("site/gw1/status", 1)
+    assert [(m.payload, m.retain) for m in late.wait_messages(1)] == [(b"offline", True)]
+    late.disconnect()
+    watch.disconnect()
 
 
 # ---------------------------------------------------------------------- commands

@@ -6,8 +6,10 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from gateway.bridge.outbox import INFLIGHT, Entry, Outbox
+from gateway.bridge.outbox import DONE, INFLIGHT, PENDING, Entry, Outbox
 from gateway.bridge.rules import Mapped, explain, map_in, map_out, rule_errors
 from gateway.bridge.sequence import BLOCK, META_KEY, Sequence
 from gateway.bridge.settings import (
@@ -20,6 +22,7 @@ from gateway.bridge.settings import (
 from gateway.broker.journal import Op, PutOutbox, RemoveOutbox, SetMeta
 from gateway.config import parse_config
 from gateway.runtime import ConfigError, RuntimeConfig
+from gateway.store.settings import OUTBOX_ENTRY_OVERHEAD
 
 # ---------------------------------------------------------------------- rules
 
@@ -121,6 +124,21 @@ def make_outbox(
         ops.append if durable else None,
     )
     return box, ops
+
+
+def stored(row: PutOutbox) -> Entry:
+    """The entry the store gives back for a row it was told to put."""
+    return Entry(
+        row.pos,
+        row.seq,
+        row.topic,
+        row.payload,
+        row.qos,
+        bool(row.retain),
+        row.properties,
+        row.created,
+        row.expires,
+    )
 
 
 def drain(box: Outbox, wall: float = 0.0) -> list[Entry]:
@@ -232,12 +250,7 @@ def test_beyond_memory_bytes_entries_wait_on_disk_and_are_paged_back() -> None:
     rows = {op.pos: op for op in ops if isinstance(op, PutOutbox)}  # what the store would hold
 
     def read(first: int, count: int) -> list[Entry]:
-        return [
-            Entry(pos, seq, topic, payload, qos, bool(retain), props, created, expires)
-            for _, pos, seq, topic, payload, qos, retain, props, created, expires in (
-                rows[p] for p in range(first, first + count) if p in rows
-            )
-        ]
+        return [stored(rows[p]) for p in range(first, first + count) if p in rows]
 
     got: list[int] = []
     while box.count:
@@ -265,20 +278,7 @@ def test_paging_skips_rows_dropped_meanwhile_and_waits_for_uncommitted_ones() ->
     rows = {op.pos: op for op in ops if isinstance(op, PutOutbox)}
 
     def page(*positions: int) -> list[Entry]:
-        return [
-            Entry(
-                p,
-                r.seq,
-                r.topic,
-                r.payload,
-                r.qos,
-                bool(r.retain),
-                r.properties,
-                r.created,
-                r.expires,
-            )
-            for p, r in ((p, rows[p]) for p in positions)
-        ]
+        return [stored(rows[p]) for p in positions]
 
     box.put(entry(6))
     box.put(entry(7))  # drop-oldest: 2 (in flight, from memory)
@@ -315,6 +315,217 @@ def test_memory_only_outbox_never_spills() -> None:
     for i in range(1, 5):
         box.put(entry(i))
     assert len(box.mem) == 4 and box.spilled == 0 and ops == []
+
+
+def test_an_entry_of_exactly_max_bytes_fits_and_one_byte_more_does_not() -> None:
+    one = entry(1, size=100).size
+    box, _ = make_outbox(DROP_OLDEST, max_bytes=one)
+    assert box.put(entry(1, 100))
+    assert not box.put(entry(2, 101))
+    assert box.stats.dropped_full == 1 and box.stats.queued == 1
+    assert [e.seq for e in box.mem] == [1]  # the oversized one displaced nothing
+
+
+def test_an_entry_expires_at_its_expiry_instant() -> None:
+    box, _ = make_outbox()
+    box.put(entry(1, expires=60.0))
+    assert drain(box, wall=60.0) == []
+    assert box.stats.dropped_expired == 1 and box.count == 0 and box.bytes == 0
+
+
+def test_the_oldest_age_is_the_head_in_memory_then_on_disk_never_negative() -> None:
+    one = entry(1).size
+    box, _ = make_outbox(memory_bytes=one)
+    assert box.oldest_age(500.0) == 0.0  # empty
+    box.put(entry(1))  # created 101.0, in memory
+    box.put(entry(2))  # created 102.0, on disk
+    assert box.oldest_age(150.0) == 49.0
+    assert box.oldest_age(50.0) == 0.0  # a clock stepped back
+    (e1,) = drain(box)
+    box.acknowledged(e1)
+    assert box.oldest_age(150.0) == 48.0  # the head is now on disk
+    assert box.oldest_age(50.0) == 0.0
+
+
+def test_dropping_the_oldest_while_in_flight_keeps_the_next_to_send() -> None:
+    box, _ = make_outbox(DROP_OLDEST, max_messages=3)
+    for i in range(1, 4):
+        box.put(entry(i))
+    assert [e.seq for e in drain(box)] == [1, 2, 3]
+    box.put(entry(4))  # drops 1, in flight
+    box.put(entry(5))  # drops 2, in flight
+    assert [e.seq for e in drain(box)] == [4, 5]
+
+
+def test_a_page_is_half_the_memory_budget_and_skips_what_was_dropped_meanwhile() -> None:
+    one = entry(1).size
+    box, ops = make_outbox(DROP_OLDEST, max_messages=6, memory_bytes=4 * one)
+    for i in range(1, 7):
+        box.put(entry(i))
+    for e in drain(box):
+        box.acknowledged(e)
+    assert box.refill_request() == (5, 2)  # two entries are half of memory_bytes
+    assert box.refill_request() is None  # one read at a time
+    store = _StoreModel(ops)
+    store.sync()
+    page = store.page(5, 2)  # read now, handed over later
+    for i in range(7, 12):
+        box.put(entry(i))  # the last one drops the oldest: 5, on disk, meanwhile
+    assert box.stats.dropped_full == 1
+    assert box.refilled(page) == 1  # 5 skipped, 6 taken
+    assert [e.seq for e in box.mem] == [6]
+    assert box.refill_request() == (7, 2)
+
+
+class _StoreModel:
+    """What the store would hold for the outbox, from the operations it emitted."""
+
+    def __init__(self, ops: list[Op]) -> None:
+        self.ops = ops
+        self.seen = 0
+        self.rows: dict[int, PutOutbox] = {}
+        self.puts = 0
+
+    def sync(self) -> None:
+        for op in self.ops[self.seen :]:
+            if isinstance(op, PutOutbox):
+                assert op.pos not in self.rows
+                self.rows[op.pos] = op
+                self.puts += 1
+            else:
+                assert isinstance(op, RemoveOutbox)
+                del self.rows[op.pos]  # removed once, and only what was put
+        self.seen = len(self.ops)
+
+    def size(self, row: PutOutbox) -> int:
+        return len(row.topic) + len(row.payload) + len(row.properties) + OUTBOX_ENTRY_OVERHEAD
+
+    def page(self, first: int, count: int) -> list[Entry]:
+        return [
+            stored(row) for pos, row in sorted(self.rows.items()) if first <= pos < first + count
+        ]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["put", "send", "ack", "rewind", "page", "refilled", "expire"]),
+            st.integers(0, 60),
+        ),
+        max_size=80,
+    ),
+    policy=st.sampled_from([DROP_OLDEST, DROP_NEWEST]),
+)
+def test_counts_bytes_and_the_store_agree_through_every_path(
+    steps: list[tuple[str, int]], policy: str
+) -> None:
+    """Every operation keeps the outbox's count, bytes, memory bytes and statistics
+    equal to what its store operations say, sends each accepted entry at most once per
+    link (all of them, in order, unless dropped) and writes each entry's fields."""
+    one = entry(1, size=0).size
+    memory = one * 3
+    box, ops = make_outbox(policy, max_messages=12, max_bytes=one * 10 + 200, memory_bytes=memory)
+    store = _StoreModel(ops)
+    page: list[Entry] | None = None
+    accepted: dict[int, Entry] = {}  # seq -> entry as put
+    refused = 0
+    inflight: list[Entry] = []
+    sent_this_link: list[int] = []
+    wall = 0.0
+    seq = 0
+    for action, n in steps:
+        if action in {"put", "expire"}:
+            seq += 1
+            expires = wall + n % 2 if action == "expire" else None
+            e = entry(seq, size=n, qos=1 + n % 2, expires=expires)
+            e.retain = bool(n % 3 == 0)
+            e.properties = b"\x01\x01" if n % 4 == 0 else b""
+            if box.put(e):
+                accepted[seq] = e
+                row = ops[-1] if isinstance(ops[-1], PutOutbox) else None
+                assert row is not None and row.seq == seq
+                assert (
+                    row.bridge,
+                    row.pos,
+                    row.topic,
+                    row.payload,
+                    row.qos,
+                    row.retain,
+                    row.properties,
+                    row.created,
+                    row.expires,
+                ) == (
+                    "cloud",
+                    e.pos,
+                    e.topic,
+                    e.payload,
+                    e.qos,
+                    int(e.retain),
+                    e.properties,
+                    e.created,
+                    e.expires,
+                )
+            else:
+                refused += 1
+        elif action == "send":
+            wall += n % 3  # time passes: some entries expire on their turn
+            while (ready := box.next_ready(wall)) is not None:
+                e = ready
+                assert e.seq not in sent_this_link, "sent twice on one link"
+                assert not sent_this_link or e.seq > sent_this_link[-1], "out of order"
+                sent_this_link.append(e.seq)
+                inflight.append(e)
+            # Nothing in memory was skipped: all of it is in flight or done.
+            assert all(e.state != PENDING for e in box.mem)
+        elif action == "ack" and inflight:
+            box.acknowledged(inflight.pop(n % len(inflight)))
+        elif action == "rewind":
+            box.rewind()
+            inflight.clear()
+            sent_this_link.clear()
+        elif action == "page" and page is None:
+            # The store reads the page now; it arrives at a later step, and entries
+            # dropped meanwhile must be skipped.
+            request = box.refill_request()
+            if request is not None:
+                store.sync()
+                page = store.page(*request)
+        elif action == "refilled" and page is not None:
+            box.refilled(page)
+            page = None
+            # A page is at most half the memory budget (plus the entry that crosses it).
+            assert box.mem_bytes < memory * 3 // 2 + one + 60 + 2
+        store.sync()
+        assert box.count == len(store.rows) == len(box.mem) + box.spilled
+        assert box.bytes == sum(store.size(r) for r in store.rows.values())
+        assert box.mem_bytes == sum(e.size for e in box.mem)
+        assert box.stats.queued == store.puts == len(accepted)
+        removed = store.puts - len(store.rows)
+        # Removed from the store: acknowledged, expired or dropped, once released
+        # from the head (an entry done out of order waits for those before it).
+        waiting = sum(e.state == DONE for e in box.mem)
+        stats = box.stats
+        done = stats.acknowledged + stats.dropped_expired + stats.dropped_full - refused
+        assert removed == done - waiting
+    # The last link: everything left goes up, in order, each once.
+    if page is not None:
+        box.refilled(page)
+    box.rewind()
+    left: list[int] = []
+    for _ in range(1000):
+        while (ready := box.next_ready(wall)) is not None:
+            left.append(ready.seq)
+            box.acknowledged(ready)
+        request = box.refill_request()
+        if request is None and not box.spilled:
+            break
+        if request is not None:
+            store.sync()
+            box.refilled(store.page(*request))
+    store.sync()
+    assert left == sorted(left) and len(set(left)) == len(left)
+    assert box.count == 0 and box.bytes == 0 and box.mem_bytes == 0 and store.rows == {}
 
 
 # ---------------------------------------------------------------------- sequence

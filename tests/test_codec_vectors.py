@@ -50,8 +50,8 @@ from gateway.mqtt import (
     Will,
     encode,
 )
-from gateway.mqtt.reason_codes import ReasonCode
-from gateway.mqtt.wire import VARINT_MAX
+from gateway.mqtt.reason_codes import ReasonCode, describe
+from gateway.mqtt.wire import VARINT_MAX, encode_binary, read_binary
 
 V31 = MQTT_31
 V311 = MQTT_311
@@ -1301,6 +1301,7 @@ def test_unsupported_protocol_version_carries_the_level() -> None:
     with pytest.raises(UnsupportedProtocolVersion) as caught:
         reader.next_packet()
     assert caught.value.level == 6
+    assert str(caught.value) == "protocol level 6 is not supported"
 
 
 def test_error_after_the_protocol_level_carries_the_version() -> None:
@@ -1310,3 +1311,32 @@ def test_error_after_the_protocol_level_carries_the_version() -> None:
     with pytest.raises(ProtocolError) as caught:
         reader.next_packet()
     assert caught.value.protocol_version == V5
+
+
+@pytest.mark.parametrize("size", [0, 1, 255, 256, 65_535])
+def test_binary_data_round_trips_at_its_length_boundaries(size: int) -> None:
+    """MQTT-1.5.6: a Two Byte Integer length, big-endian, then that many bytes."""
+    value = bytes(range(256)) * (size // 256) + bytes(range(size % 256))
+    encoded = encode_binary(value)
+    assert encoded[:2] == size.to_bytes(2, "big")
+    buf = b"\xaa" + encoded + b"\xbb"  # read from inside a larger buffer
+    assert read_binary(buf, 1, len(buf) - 1) == (value, len(buf) - 1)
+
+
+def test_binary_data_past_what_two_bytes_can_count_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"^binary data longer than 65,535 bytes$"):
+        encode_binary(b"x" * 65_536)
+
+
+def test_binary_data_cut_short_is_malformed_and_says_which_part() -> None:
+    assert read_binary(b"\x00\x00", 0, 2) == (b"", 2)  # empty, ending exactly at the end
+    with pytest.raises(MalformedPacket, match=r"^length prefix runs past the end of the packet$"):
+        read_binary(b"\x00\x01\x02", 0, 1)
+    with pytest.raises(MalformedPacket, match=r"^binary data runs past the end of the packet$"):
+        read_binary(b"\x00\x03ab", 0, 4)
+
+
+def test_reason_codes_are_described_by_name_or_number() -> None:
+    assert describe(0x87) == "not authorized"
+    assert describe(0x9E) == "shared subscriptions not supported"
+    assert describe(0xFE) == "reason code 0xfe"

@@ -277,6 +277,34 @@ def test_reading_from_bad_message(topic: str, payload: bytes) -> None:
         reading_from_message(topic, payload)
 
 
+def temperature_discovery(device: str) -> dict[str, object]:
+    """The whole discovery payload of gateway gw1's serial device's temperature in °C,
+    as Home Assistant must receive it (written out by hand, not by the code under test)."""
+    return {
+        "name": "temperature",
+        "unique_id": f"ledge_gw1_{device}_temperature",
+        "object_id": f"ledge_gw1_{device}_temperature",
+        "state_topic": f"ledge/gw1/serial/{device}/temperature",
+        "availability": [
+            {"topic": "ledge/gw1/status"},
+            {"topic": f"ledge/gw1/serial/{device}/status"},
+        ],
+        # Both must be online: a gateway that is up does not make a dead device available.
+        "availability_mode": "all",
+        "device": {
+            "identifiers": [f"ledge_gw1_{device}"],
+            "name": device,
+            "manufacturer": "Ledge",
+            "model": "serial",
+            "via_device": "ledge_gw1",
+        },
+        "value_template": "{{ value_json.value }}",
+        "unit_of_measurement": "°C",
+        "state_class": "measurement",
+        "device_class": "temperature",
+    }
+
+
 def test_home_assistant_discovery_config() -> None:
     topic, payload = homeassistant.sensor_config(
         discovery_prefix="homeassistant",
@@ -291,17 +319,58 @@ def test_home_assistant_discovery_config() -> None:
         gateway_status_topic="ledge/gw1/status",
         device_status_topic="ledge/gw1/serial/env1/status",
     )
+    # <discovery_prefix>/<component>/<node_id>/<object_id>/config, as the README says.
     assert topic == "homeassistant/sensor/gw1_env1/temperature/config"
-    body = json.loads(payload)
-    assert body["device_class"] == "temperature"
-    assert body["value_template"] == "{{ value_json.value }}"
-    assert body["unit_of_measurement"] == "°C"
-    assert body["device"]["identifiers"] == ["ledge_gw1_env1"]
-    assert body["device"]["via_device"] == "ledge_gw1"
-    assert [a["topic"] for a in body["availability"]] == [
-        "ledge/gw1/status",
-        "ledge/gw1/serial/env1/status",
-    ]
+    assert json.loads(payload) == temperature_discovery("env1")
+
+
+def test_home_assistant_discovery_of_a_plain_text_quantity_without_a_class() -> None:
+    topic, payload = homeassistant.sensor_config(
+        discovery_prefix="ha",
+        gateway="gw 1",
+        driver="serial",
+        device="door",
+        quantity="state_open",
+        unit="",
+        numeric=False,
+        state_topic="ledge/gw 1/serial/door/state_open",
+        json_payload=False,
+        gateway_status_topic="ledge/gw 1/status",
+        device_status_topic="ledge/gw 1/serial/door/status",
+    )
+    assert topic == "ha/sensor/gw_1_door/state_open/config"
+    assert json.loads(payload) == {
+        "name": "state open",
+        "unique_id": "ledge_gw_1_door_state_open",
+        "object_id": "ledge_gw_1_door_state_open",
+        "state_topic": "ledge/gw 1/serial/door/state_open",
+        "availability": [
+            {"topic": "ledge/gw 1/status"},
+            {"topic": "ledge/gw 1/serial/door/status"},
+        ],
+        "availability_mode": "all",
+        "device": {
+            "identifiers": ["ledge_gw_1_door"],
+            "name": "door",
+            "manufacturer": "Ledge",
+            "model": "serial",
+            "via_device": "ledge_gw_1",
+        },
+    }
+
+
+def test_home_assistant_discovery_of_the_gateway() -> None:
+    topic, payload = homeassistant.gateway_config("homeassistant", "gw1", "ledge/gw1/status")
+    assert topic == "homeassistant/binary_sensor/gw1/status/config"
+    assert json.loads(payload) == {
+        "name": "connectivity",
+        "unique_id": "ledge_gw1_status",
+        "state_topic": "ledge/gw1/status",
+        "payload_on": "online",
+        "payload_off": "offline",
+        "device_class": "connectivity",
+        "device": {"identifiers": ["ledge_gw1"], "name": "Ledge gw1", "manufacturer": "Ledge"},
+    }
 
 
 @pytest.mark.parametrize(

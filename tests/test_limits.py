@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,6 +16,8 @@ from gateway.mqtt import (
     MQTT_311,
     Connect,
     Disconnect,
+    NeedData,
+    PacketReader,
     Publish,
     Subscribe,
     SubscriptionRequest,
@@ -22,6 +26,7 @@ from gateway.mqtt import (
 from tests.support.clients import Paho
 from tests.support.harness import Harness
 from tests.support.procs import LedgeProcess
+from tests.support.raw import Raw, round_trip
 from tests.support.wait import wait_for
 
 
@@ -95,6 +100,168 @@ def test_a_consumer_that_resumes_in_time_is_kept() -> None:
     h.broker.set_writable(sub.conn, True, h.now)
     h.advance(20)
     assert not sub.closed
+
+
+# --------------------------------------------------------------------------- connecting budget
+
+
+def budget(**settings: Any) -> Harness:
+    """A harness with the connecting budget of the gateway (the harness lifts it)."""
+    settings.setdefault("connecting_share", 0.25)
+    settings.setdefault("max_connecting_per_address", 32)
+    # These tests open every connection at one instant: no grace unless a test sets it.
+    settings.setdefault("connecting_grace", 0.0)
+    return Harness(**settings)
+
+
+def test_a_burst_younger_than_the_grace_is_admitted_then_trimmed_oldest_first() -> None:
+    """A burst of clients is accepted before any CONNECT is read: none of it is evicted
+    while the pool has room; when the grace is over, the budgets hold again."""
+    h = budget(max_connections=64, max_connecting_per_address=4, connecting_grace=1.0)
+    burst = [h.client(peer=f"10.0.0.1:{i}") for i in range(10)]
+    assert not any(c.closed for c in burst)
+    for i, c in enumerate(burst[:6]):  # most of the burst was only slow to be read
+        assert c.connect(f"burst{i}").reason_code == 0
+    h.advance(0.5)
+    assert not any(c.closed for c in burst)
+    h.advance(0.6)  # the grace is over: 4 still connecting from the address, within budget
+    assert not any(c.closed for c in burst)
+    silent = [h.client(peer=f"10.0.0.2:{i}") for i in range(10)]
+    h.advance(1.1)
+    assert [c.closed for c in silent] == [True] * 6 + [False] * 4  # the oldest went
+    assert h.broker.stats.evicted_address_full == 6
+    assert not any(c.closed for c in burst[:6])  # connected: never evicted
+    h.advance(10)  # connect_timeout still counts from the start
+    assert all(c.closed for c in silent + burst[6:])
+
+
+def test_the_share_is_trimmed_when_the_grace_is_over_and_a_full_pool_ignores_it() -> None:
+    h = budget(max_connections=8, connecting_share=0.5, connecting_grace=1.0)
+    young = [h.client(peer=f"10.0.0.{i}:1") for i in range(8)]  # 4 over the share
+    assert not any(c.closed for c in young)
+    newcomer = h.client(peer="10.0.1.1:1")  # the pool is full: the oldest goes at once
+    assert young[0].closed and not newcomer.conn.overflow
+    assert newcomer.connect("newcomer").reason_code == 0
+    h.advance(1.1)
+    assert [c.closed for c in young] == [True] * 4 + [False] * 4
+    assert h.broker.stats.evicted_connecting_full == 4
+
+
+def test_connections_before_connack_hold_only_their_share_and_the_oldest_goes() -> None:
+    h = budget(max_connections=8, connecting_share=0.5)  # 4 slots for connecting
+    silent = [h.client(peer=f"10.0.0.{i}:1") for i in range(4)]
+    assert not any(c.closed for c in silent)
+    newcomer = h.client(peer="10.0.1.1:1")
+    assert silent[0].closed and silent[0].conn.abort  # the oldest, closed at once
+    assert not any(c.closed for c in silent[1:])
+    assert newcomer.connect("newcomer").reason_code == 0
+    assert h.broker.stats.evicted_connecting_full == 1
+    assert h.broker.stats.evicted_address_full == 0
+    values = h.broker.sys_values(h.now)
+    assert values["$SYS/broker/clients/evicted/connecting full"] == "1"
+    assert values["$SYS/broker/clients/connecting"] == "3"
+
+
+def test_connected_clients_are_never_evicted_by_newcomers() -> None:
+    h = budget(max_connections=6, connecting_share=0.5)
+    inside = []
+    for i in range(6):
+        inside.append(h.client(peer=f"10.0.0.{i}:1"))
+        assert inside[-1].connect(f"inside{i}").reason_code == 0
+    flood = [h.client(peer=f"10.0.2.{i}:1") for i in range(20)]
+    assert not any(c.closed for c in inside)
+    assert all(c.conn.overflow for c in flood)  # refusal slots only
+    assert h.broker.stats.evicted_connecting_full == 0
+
+
+def test_a_full_pool_evicts_the_oldest_connecting_even_under_its_share() -> None:
+    h = budget(max_connections=4, connecting_share=0.5)
+    inside = []
+    for i in range(3):
+        inside.append(h.client(peer=f"10.0.0.{i}:1"))
+        inside[-1].connect(f"inside{i}")
+    waiting = h.client(peer="10.0.3.1:1")  # the last slot; 1 of 2 connecting slots
+    newcomer = h.client(peer="10.0.3.2:1")
+    assert waiting.closed and not newcomer.conn.overflow
+    assert newcomer.connect("newcomer").reason_code == 0
+    assert not any(c.closed for c in inside)
+
+
+def test_one_address_holds_at_most_its_share_and_its_own_oldest_goes() -> None:
+    h = budget(max_connecting_per_address=2)
+    other = h.client(peer="10.0.0.2:1")  # older, from elsewhere
+    a1 = h.client(peer="10.0.0.1:1")
+    a2 = h.client(peer="10.0.0.1:2")
+    a3 = h.client(peer="10.0.0.1:3")
+    assert a1.closed and not a2.closed and not a3.closed and not other.closed
+    assert h.broker.stats.evicted_address_full == 1
+    assert h.broker.stats.evicted_connecting_full == 0
+    assert h.broker.sys_values(h.now)["$SYS/broker/clients/evicted/address full"] == "1"
+    # Connected clients of the address no longer count.
+    assert a2.connect("a2").reason_code == 0
+    h.client(peer="10.0.0.1:4")
+    assert not a3.closed
+
+
+def test_an_ipv6_slash_64_counts_as_one_address() -> None:
+    h = budget(max_connecting_per_address=2)
+    a = h.client(peer="2001:db8::1:1000")
+    h.client(peer="2001:db8::ffff:1001")
+    h.client(peer="2001:db8:0:1::1:1002")  # another /64
+    assert not a.closed
+    h.client(peer="2001:db8::2:1003")
+    assert a.closed
+    assert h.broker.stats.evicted_address_full == 1
+
+
+def test_evicted_slots_keep_the_pool_at_its_size() -> None:
+    h = budget(max_connections=4, connecting_share=0.5)
+    clients = [h.client(peer=f"10.0.0.{i}:1") for i in range(40)]
+    evicted = [c for c in clients if c.closed]
+    assert len(evicted) == 38
+    for c in clients:
+        c.drop()
+    assert len(h.broker.free) == 4  # nothing leaked, nothing grown
+    assert not h.broker.connecting and not h.broker.connecting_by_address
+    assert h.broker.listener_open["test"] == 0
+
+
+def test_a_login_being_checked_is_evicted_and_its_outcome_goes_nowhere() -> None:
+    from gateway.broker.auth import PasswordAuthenticator
+
+    h = budget(max_connections=4, connecting_share=0.25)
+    h.broker.authenticator = PasswordAuthenticator(allow_anonymous=False, users={})
+    attempts: list[Any] = []
+    h.broker.verifier = attempts.append
+    guessing = h.client(peer="10.0.0.1:1")
+    guessing.send(Connect("g", MQTT_5, username="u", password=b"p"))
+    assert len(attempts) == 1
+    newcomer = h.client(peer="10.0.0.2:1")
+    assert guessing.closed
+    h.broker.password_checked(attempts[0], True, h.now)
+    assert guessing.take() == []  # no CONNACK for an evicted connection
+    assert not newcomer.closed
+
+
+def test_a_listener_at_its_own_limit_evicts_only_its_own_connecting() -> None:
+    from gateway.broker.auth import ListenerPolicy, PasswordAuthenticator
+
+    h = budget(max_connections=8, connecting_share=1.0)
+    h.broker.policies = {"lan": ListenerPolicy(PasswordAuthenticator(), None, max_connections=2)}
+    elsewhere = h.client(peer="10.0.0.9:1", listener="test")
+    lan = [h.client(peer=f"10.0.0.{i}:1", listener="lan") for i in range(3)]
+    assert lan[0].closed and not lan[1].closed and not elsewhere.closed
+    assert h.broker.listener_open["lan"] == 2
+
+
+def test_evictions_are_logged_at_powers_of_two(caplog: pytest.LogCaptureFixture) -> None:
+    h = budget(max_connections=4, connecting_share=0.25)
+    with caplog.at_level(logging.WARNING, "ledge.broker"):
+        for i in range(9):
+            h.client(peer=f"10.0.0.{i}:1")
+    lines = [r.getMessage() for r in caplog.records if "to admit" in r.getMessage()]
+    assert len(lines) == 4, lines  # evictions 1, 2, 4 and 8
+    assert "(8 evicted so far)" in lines[-1]
 
 
 # --------------------------------------------------------------------------- real sockets
@@ -199,3 +366,94 @@ def test_timers_fire_in_order_and_cancelled_ones_never_fire() -> None:
     timers.cancel(handles["a"])  # already fired: harmless
     assert len(timers) == 1
     assert timers.run_due(10) == 1 and fired == ["a", "b", "c"]
+
+
+def open_file_limit(pid: int) -> int:
+    """The soft open-file limit of a running process."""
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            return int(line.split()[3])
+    raise AssertionError("no open-file limit")
+
+
+def test_the_gateway_raises_its_open_file_limit_for_its_pool() -> None:
+    """1024 slots, 64 refusal slots, one listener and the reserve need 1,153
+    descriptors, and an accept burst of 1,024 is wanted on top."""
+    proc = LedgeProcess(open_files=(256, 8192)).start()
+    try:
+        assert proc.proc is not None
+        assert open_file_limit(proc.proc.pid) == 2177
+        proc.wait_log(r"open-file limit raised from 256 to 2177 for 1024 connection slots")
+        round_trip(proc.port)
+    finally:
+        assert proc.stop() == 0
+
+
+def test_a_hard_limit_below_the_pool_is_named_and_the_pool_shrinks_to_fit(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text("[broker]\nmax_connections = 1024\n")
+    proc = LedgeProcess(config=config, open_files=(300, 300)).start()
+    try:
+        proc.wait_log(
+            r"max_connections = 1024 needs 1153 open files but the limit is 300 \(hard 300\): "
+            r"serving at most 171 clients"
+        )
+        # The pool that fits refuses the rest with a reason code, not a failed accept.
+        inside = []
+        for i in range(171):
+            inside.append(Raw(proc.port))
+            assert inside[-1].connect(f"in{i}").reason_code == 0
+        extra = Raw(proc.port)
+        assert extra.connect("one-too-many").reason_code == 0x97
+        for c in [*inside, extra]:
+            c.close()
+    finally:
+        assert proc.stop() == 0
+
+
+def test_rss_stays_flat_over_connect_disconnect_cycles() -> None:
+    """README: RSS stays flat over connect/disconnect cycles (the bench runs 100,000; this
+    runs 8,000 after a warm-up). Each cycle connects (3.1.1 and 5.0 in turn), subscribes
+    to a wildcard filter and an exact one of its own, and leaves with DISCONNECT or by
+    dropping the socket."""
+    proc = LedgeProcess().start()
+    assert proc.proc is not None
+    pid = proc.proc.pid
+
+    def cycles(first: int, count: int) -> None:
+        for i in range(first, first + count):
+            version = MQTT_5 if i % 2 else MQTT_311
+            sock = socket.create_connection(("127.0.0.1", proc.port), 5)
+            try:
+                sock.sendall(
+                    encode(Connect(f"cycle-{i}", version, keep_alive=30), version)
+                    + encode(
+                        Subscribe(
+                            1,
+                            (SubscriptionRequest(f"c/{i}/#", 1), SubscriptionRequest(f"e/{i}", 0)),
+                        ),
+                        version,
+                    )
+                )
+                reader = PacketReader(version=version)
+                answers: list[object] = []
+                while len(answers) < 2:  # CONNACK, SUBACK
+                    chunk = sock.recv(256)
+                    assert chunk, f"closed in cycle {i}"
+                    reader.receive_data(chunk)
+                    while not isinstance(packet := reader.next_packet(), NeedData):
+                        answers.append(packet)
+                if i % 3:
+                    sock.sendall(encode(Disconnect(), version))
+            finally:
+                sock.close()
+
+    try:
+        cycles(0, 2_000)  # warm-up: pools, caches and the allocator's arenas fill
+        before = rss_kib(pid)
+        cycles(2_000, 8_000)
+        after = rss_kib(pid)
+        assert after - before < 1024, f"RSS grew by {after - before} KiB over 8,000 cycles"
+        round_trip(proc.port)
+    finally:
+        assert proc.stop() == 0

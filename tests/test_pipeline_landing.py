@@ -28,10 +28,6 @@ from tests.support.procs import LedgeProcess, MosquittoProcess
 from tests.support.wait import wait_for
 from tests.test_serial import FakeDevice
 
-pytestmark = pytest.mark.skipif(
-    not MosquittoProcess.available(), reason="Debian's mosquitto is not installed"
-)
-
 
 class Crash(Exception):
     """The lander dies after writing and fsyncing a batch, before acknowledging it."""

@@ -9,6 +9,7 @@ PUBACK and the connection stays open. Plain PUBLISHes (the fast path) and retain
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -76,7 +77,7 @@ def test_a_gate_alone_refuses_with_quota_exceeded_or_closes_311(version: int) ->
 
 
 @pytest.fixture
-def gateway(tmp_path: Path) -> LedgeProcess:
+def gateway(tmp_path: Path) -> Iterator[LedgeProcess]:
     acl = tmp_path / "acl"
     acl.write_text(ACL)
     acl.chmod(0o600)
@@ -90,7 +91,9 @@ def gateway(tmp_path: Path) -> LedgeProcess:
         'outbox = { max_messages = 1, when_full = "refuse" }\n'
         '[[bridges.rules]]\nfilter = "t/#"\n'
     )
-    return LedgeProcess(config=config).start()
+    proc = LedgeProcess(config=config).start()
+    yield proc
+    assert proc.stop() == 0
 
 
 def test_acl_denial_wins_over_a_full_outbox_over_sockets(gateway: LedgeProcess) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import pwd
-import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gateway.broker.auth import parse_hash, parse_password_file
+from tests.support.clients import Paho
 from tests.support.procs import LedgeProcess, MosquittoProcess, port_open
 from tests.support.raw import Raw
 from tests.support.wait import wait_for
@@ -32,10 +33,6 @@ MOSQUITTO_VECTORS = [
         "RK0hNdWSx1VO9qKC0XZv5g==",
     ),
 ]
-
-needs_mosquitto_passwd = pytest.mark.skipif(
-    shutil.which("mosquitto_passwd") is None, reason="mosquitto_passwd (Debian mosquitto)"
-)
 
 
 def ledge_passwd(*args: str | Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -57,7 +54,6 @@ def test_mosquitto_hashes_verify(password: str, encoded: str) -> None:
     assert hashed.encode() == encoded  # read and written back unchanged
 
 
-@needs_mosquitto_passwd
 @pytest.mark.parametrize("algorithm", ["sha512-pbkdf2", "sha512"])
 def test_a_file_made_by_mosquitto_passwd_is_read_as_is(tmp_path: Path, algorithm: str) -> None:
     path = tmp_path / "pw"
@@ -297,5 +293,91 @@ def test_an_empty_password_is_no_password(tmp_path: Path, version: int) -> None:
             code = c.connect("e", username="empty", password=password).reason_code
             assert code == (0x86 if version == 5 else 4), (password, code)
             c.close()
+    finally:
+        assert proc.stop() == 0
+
+
+# --------------------------------------------------------------------------- SIGHUP
+
+
+def _sighup(proc: LedgeProcess) -> None:
+    """Send SIGHUP and wait until the reload is applied."""
+    before = proc.log.count("config reloaded")
+    proc.signal(signal.SIGHUP)
+    wait_for(lambda: proc.log.count("config reloaded") > before, 20, "the reload")
+
+
+def _auth_gateway(tmp_path: Path, acl: str | None = None) -> tuple[LedgeProcess, Path]:
+    pw = tmp_path / "pw"
+    for i, user in enumerate(["alice", "bob", "carol"]):
+        flags = ["-c"] if i == 0 else []
+        assert ledge_passwd(*flags, "-b", "-I", "1000", pw, user, f"pw-{user}").returncode == 0
+    config = tmp_path / "ledge.toml"
+    text = f'[auth]\nallow_anonymous = false\npassword_file = "{pw}"\n'
+    if acl is not None:
+        (tmp_path / "acl").write_text(acl)
+        (tmp_path / "acl").chmod(0o600)
+        text += f'acl_file = "{tmp_path / "acl"}"\n'
+    config.write_text(text)
+    return LedgeProcess(config=config).start(), pw
+
+
+def test_sighup_disconnects_clients_whose_user_was_removed(tmp_path: Path) -> None:
+    """MQTT 5.0: DISCONNECT 0x98 (administrative action); 3.1.1: the connection closes.
+    A user still in the file stays connected, and a removed one cannot log in again."""
+    proc, pw = _auth_gateway(tmp_path)
+    try:
+        alice = Paho(proc.port, "alice-5", 5, username="alice", password="pw-alice").connect()
+        bob = Paho(proc.port, "bob-311", 4, username="bob", password="pw-bob").connect()
+        carol = Paho(proc.port, "carol", 5, username="carol", password="pw-carol").connect()
+        assert [str(c.connack) for c in (alice, bob, carol)] == ["Success"] * 3
+        carol.subscribe("still/here", 1)
+        assert ledge_passwd("-D", pw, "alice").returncode == 0
+        assert ledge_passwd("-D", pw, "bob").returncode == 0
+        _sighup(proc)
+        wait_for(lambda: alice.disconnects, 5, "DISCONNECT at alice")
+        assert alice.disconnects == [0x98]
+        wait_for(lambda: bob.disconnects, 5, "bob's connection to close")
+        assert bob.disconnects[0] != 0  # not a disconnect bob asked for
+        proc.wait_log(r"'alice-5'.*user 'alice' is no longer in the password file")
+        carol.publish("still/here", b"yes", 1)
+        assert [m.payload for m in carol.wait_messages(1)] == [b"yes"]
+        assert carol.disconnects == []
+        again = Paho(proc.port, "alice-again", 5, username="alice", password="pw-alice")
+        assert again.connect().connack.value == 0x86
+        for client in (again, alice, bob):
+            client.close()
+        carol.disconnect()
+    finally:
+        assert proc.stop() == 0
+
+
+def test_sighup_with_a_tightened_acl_stops_deliveries_at_once(tmp_path: Path) -> None:
+    """A subscription made under the old ACL receives only what the new ACL lets its
+    client read, from the reload on, without reconnecting."""
+    acl = "user alice\ntopic read sensors/#\nuser carol\ntopic write sensors/#\n"
+    proc, _pw = _auth_gateway(tmp_path, acl)
+    try:
+        alice = Paho(proc.port, "alice", 5, username="alice", password="pw-alice").connect()
+        assert alice.subscribe("sensors/#", 1) == [1]
+        carol = Paho(proc.port, "carol", 5, username="carol", password="pw-carol").connect()
+        carol.publish("sensors/secret/a", b"1", 1)
+        carol.publish("sensors/public/a", b"2", 1)
+        alice.wait_messages(2)
+        (tmp_path / "acl").write_text(
+            "user alice\ntopic read sensors/public/#\nuser carol\ntopic write sensors/#\n"
+        )
+        _sighup(proc)
+        carol.publish("sensors/secret/b", b"3", 1, refused=0x10)  # no one may read it now
+        carol.publish("sensors/public/b", b"4", 1)
+        got = alice.wait_messages(3)
+        assert [(m.topic, m.payload) for m in got] == [
+            ("sensors/secret/a", b"1"),
+            ("sensors/public/a", b"2"),
+            ("sensors/public/b", b"4"),
+        ]
+        assert alice.disconnects == []
+        alice.disconnect()
+        carol.disconnect()
     finally:
         assert proc.stop() == 0

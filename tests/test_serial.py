@@ -18,6 +18,7 @@ import pytest
 from tests.support.clients import Paho, Received
 from tests.support.procs import LedgeProcess
 from tests.support.wait import wait_for
+from tests.test_drivers import temperature_discovery
 
 
 class FakeDevice:
@@ -213,9 +214,10 @@ def test_home_assistant_discovery(tmp_path: Path, device: FakeDevice) -> None:
         ha.subscribe("ledge/gw1/status", 0)
         configs = by_topic(ha.wait_messages(3))
         body = json.loads(configs["homeassistant/sensor/gw1_env/temperature/config"][0])
-        assert body["state_topic"] == "ledge/gw1/serial/env/temperature"
-        assert body["device_class"] == "temperature"
-        assert "homeassistant/binary_sensor/gw1/status/config" in configs
+        assert body == temperature_discovery("env")
+        gateway = json.loads(configs["homeassistant/binary_sensor/gw1/status/config"][0])
+        assert gateway["state_topic"] == "ledge/gw1/status"
+        assert gateway["device"]["identifiers"] == [body["device"]["via_device"]]
         assert configs["ledge/gw1/status"] == [b"online"]
         ha.disconnect()
     finally:

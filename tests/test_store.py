@@ -51,18 +51,23 @@ WALL = 1_700_000_000.0  # the wall clock while the test "runs"
 class Durable:
     """A harness broker with a journal, committed by a real Store."""
 
-    def __init__(self, directory: Path, **settings: Any) -> None:
+    def __init__(
+        self, directory: Path, store: StoreSettings | None = None, **settings: Any
+    ) -> None:
         self.directory = directory
         self.h = Harness(**settings)
-        self.store = Store(directory, StoreSettings(retry_interval=0.05))
+        self.store = Store(directory, store or StoreSettings(retry_interval=0.05))
         snapshot = self.store.open()
         restore(self.h.broker, snapshot, self.h.now, WALL)
         self.events: queue.Queue[tuple[Callable[..., None], tuple[Any, ...]]] = queue.Queue()
         self.failures: list[str] = []
+        #: What the store said about its room, in order (True: full).
+        self.fullness: list[bool] = []
         self.store.start(
             lambda fn, *args: self.events.put((fn, args)),
             self.h.broker.batch_committed,
             self.failures.append,
+            self.fullness.append,
         )
 
     @property
@@ -137,6 +142,67 @@ def test_puback_is_held_until_the_store_commits(durable: Durable) -> None:
     assert pub.take() == []  # not yet: the message is not durable
     durable.commit()
     assert pub.take() == [PubAck(7)]
+
+
+HELD_CASES = {
+    # The general path (decoded PUBLISH), each way a message is stored.
+    "qos2-pubrec": (Publish("t/x", b"stored", 2, packet_id=7), PubRec(7)),
+    "qos1-retained": (Publish("t/x", b"stored", 1, retain=True, packet_id=7), PubAck(7)),
+    "qos2-retained": (Publish("t/x", b"stored", 2, retain=True, packet_id=7), PubRec(7)),
+    "qos1-properties": (
+        Publish("t/x", b"stored", 1, packet_id=7, properties=Properties(content_type="text")),
+        PubAck(7),
+    ),
+    "qos2-properties": (
+        Publish(
+            "t/x", b"stored", 2, packet_id=7, properties=Properties(user_properties=(("k", "v"),))
+        ),
+        PubRec(7),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", HELD_CASES)
+def test_every_acknowledgement_that_promises_storage_waits_for_the_commit(
+    durable: Durable, case: str
+) -> None:
+    """PUBACK / PUBREC leave only after the store committed the message (a persistent
+    subscriber's queue, the retained store), on every path, and the message is then
+    really there after a restart."""
+    packet, ack = HELD_CASES[case]
+    sub = persistent_sub(durable)
+    sub.send(Disconnect())
+    pub = durable.h.client()
+    pub.connect("pub")
+    pub.send(packet)
+    assert pub.take() == []  # not yet: the message is not durable
+    durable.commit()
+    assert pub.take() == [ack]
+    again = durable.restart()
+    try:
+        back = again.h.client()
+        back.connect("sub", clean_start=False, session_expiry_interval=3600)
+        again.commit()  # its packet id is stored before it goes out
+        got = back.publishes()
+        assert [(p.topic, p.payload, p.qos) for p in got] == [("t/x", b"stored", packet.qos)]
+        assert got[0].properties.content_type == packet.properties.content_type
+        assert got[0].properties.user_properties == packet.properties.user_properties
+        if packet.retain:
+            fresh = again.h.client()
+            fresh.connect("fresh")
+            fresh.subscribe("t/#", 1)
+            assert [p.payload for p in fresh.publishes()] == [b"stored"]
+    finally:
+        again.close()
+
+
+def test_a_retained_message_without_subscribers_is_held_too(durable: Durable) -> None:
+    pub = durable.h.client()
+    pub.connect("pub")
+    pub.send(Publish("r/x", b"kept", 1, retain=True, packet_id=3))
+    assert pub.take() == []
+    durable.commit()
+    assert pub.take() == [PubAck(3, ReasonCode.NO_MATCHING_SUBSCRIBERS)]
 
 
 def test_acknowledgements_keep_their_order_behind_held_ones(durable: Durable) -> None:
@@ -436,6 +502,54 @@ def test_full_store_refuses_what_must_be_stored_and_serves_the_rest(tmp_path: Pa
         assert PubAck(4, ReasonCode.NO_MATCHING_SUBSCRIBERS) in other.take()
     finally:
         d.store.close()  # the writer is still retrying: it must stop anyway
+
+
+def used_share(d: Durable, max_bytes: int) -> float:
+    """The share of ``max_bytes`` the store's file uses (pages not on the free list)."""
+    db = sqlite3.connect(f"file:{d.directory / FILENAME}?mode=ro", uri=True)
+    try:
+        pages = db.execute("PRAGMA page_count").fetchone()[0]
+        free = db.execute("PRAGMA freelist_count").fetchone()[0]
+        size = db.execute("PRAGMA page_size").fetchone()[0]
+    finally:
+        db.close()
+    return float((pages - free) * size / max_bytes)
+
+
+def test_a_store_at_90_percent_refuses_and_takes_again_only_below_80(tmp_path: Path) -> None:
+    """The README's watermarks on store.max_bytes: full at 90 %, room again below 80 %."""
+    max_bytes = 512 * 1024
+    d = Durable(tmp_path, StoreSettings(max_bytes=max_bytes, retry_interval=0.05), max_inflight=4)
+    try:
+        sub = persistent_sub(d, "sub", 1)
+        sub.send(Disconnect())
+        pub = d.h.client()
+        pub.connect("pub")
+        sent = 0
+        while not d.fullness:
+            sent += 1
+            assert sent < 400, "never full"
+            pub.send(Publish("t/x", b"%05d" % sent + b"x" * 2000, 1, packet_id=sent % 60000 + 1))
+            d.commit()
+        assert d.fullness == [True]
+        assert 0.9 <= used_share(d, max_bytes) < 0.93  # full from 90 % (one message more)
+        back = d.h.client()
+        back.connect("sub", clean_start=False, session_expiry_interval=3600)
+        seen_between = False
+        while d.fullness == [True]:
+            share = used_share(d, max_bytes)
+            seen_between = seen_between or 0.8 <= share < 0.9
+            d.commit()  # packet ids stored: the next window goes out
+            got = back.publishes()
+            assert got, f"still full at {share:.0%} with nothing left to deliver"
+            for p in got:
+                back.ack(p)
+            d.commit()  # the acknowledged messages leave the store
+        assert d.fullness == [True, False]
+        assert used_share(d, max_bytes) < 0.8
+        assert seen_between  # between 80 % and 90 % it still refused
+    finally:
+        d.close()
 
 
 def test_journal_counts_message_references() -> None:

@@ -133,6 +133,7 @@ def accept(
     conn.session = session
     conn.will = packet.will
     conn.state = State.CONNECTED
+    ctx.connecting_over(conn)
     ctx.connected += 1
     ctx.stats.clients_maximum = max(ctx.stats.clients_maximum, ctx.connected)
 

@@ -104,6 +104,7 @@ def close(ctx: Context, conn: Connection, now: float, reason: str) -> None:
     cancel_timers(ctx, conn)
     detach(ctx, conn, now)
     conn.state = State.CLOSING
+    ctx.connecting_over(conn)
     mark_closing(ctx, conn)
 
 

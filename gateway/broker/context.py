@@ -112,6 +112,10 @@ class Context:
             Connection(self.settings.max_packet_size) for _ in range(self.settings.max_connections)
         ]
         self.overflow = 0
+        #: Connections in the pool still before their CONNACK, oldest first (by id),
+        #: and the same by source address: their budget (``core.open_connection``).
+        self.connecting: dict[int, Connection] = {}
+        self.connecting_by_address: dict[str, dict[int, Connection]] = {}
         self.client_id_factory = client_id_factory or _random_client_id
         self.loads = {name: LoadAverage() for name in LOAD_COUNTERS}
         self.sys_last: dict[str, bytes] = {}
@@ -130,6 +134,14 @@ class Context:
 
             self.login_throttle = LoginThrottle()
         return self.login_throttle
+
+    def connecting_over(self, conn: Connection) -> None:
+        """``conn`` got its CONNACK, or is closing: it leaves the connecting budget."""
+        if self.connecting.pop(conn.id, None) is not None:
+            same = self.connecting_by_address[conn.source]
+            del same[conn.id]
+            if not same:
+                del self.connecting_by_address[conn.source]
 
     # ------------------------------------------------------------------ events
 

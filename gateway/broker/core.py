@@ -39,6 +39,7 @@ from gateway.broker.handle_publish import (
     handle_pubrel,
 )
 from gateway.broker.handle_subscribe import handle_subscribe, handle_unsubscribe
+from gateway.broker.logins import address_key
 from gateway.broker.publish_policy import receive
 from gateway.broker.settings import BrokerSettings
 from gateway.broker.state import Connection, Session, State
@@ -207,44 +208,134 @@ class Broker(Context):
         """A new network connection, in a slot of the pool; it must send CONNECT within
         ``connect_timeout``. ``identity`` is the CN of a verified TLS client certificate.
 
-        When every slot is taken, or the listener has its own connection limit and is at
-        it, up to ``OVERFLOW_SLOTS`` more connections get a temporary slot that only
-        answers their CONNECT with a refusal in their own protocol version; beyond
-        that, None: the shell closes the socket at once. Both are counted as refused.
+        Connections before their CONNACK have a budget of their own: ``max_connecting``
+        slots, ``max_connecting_per_address`` of them from one address. A newcomer
+        beyond either, or finding every slot taken, gets the slot of the oldest
+        connection still connecting (from its address, or from anywhere), which is
+        closed at once (policy: evict oldest; counted, logged). Connected clients are
+        never evicted. When every slot is held by connected clients, or the listener
+        has its own connection limit and is at it, up to ``OVERFLOW_SLOTS`` more
+        connections get a temporary slot that only answers their CONNECT with a
+        refusal in their own protocol version; beyond that, None: the shell closes the
+        socket at once. Both are counted as refused.
         """
         policy = self.policies.get(listener)
-        at_limit = False
-        if policy is not None and policy.max_connections:
-            at_limit = self.listener_open.get(listener, 0) >= policy.max_connections
+        source = address_key(peer)
+        self.begin()
+        try:
+            conn = self._take_slot(peer, source, listener, policy, now)
+            if conn is None:
+                return None
+            conn.reset(self.next_conn_id, peer, listener, now, policy, identity)
+            conn.source = source
+            self.next_conn_id += 1
+            self.connections[conn.id] = conn
+            if not conn.overflow:
+                self.connecting[conn.id] = conn
+                self.connecting_by_address.setdefault(source, {})[conn.id] = conn
+            self.stats.connections_total += 1
+            grace = self.settings.connecting_grace
+            if conn.overflow or grace >= self.settings.connect_timeout:
+                closing.arm_connect_deadline(self, conn, now)
+            else:
+                conn.timer = self.timers.at(now + grace, _grace_over, (self, conn, conn.generation))
+            return conn
+        finally:
+            self.end()
+
+    def _take_slot(
+        self, peer: str, source: str, listener: str, policy: ListenerPolicy | None, now: float
+    ) -> Connection | None:
+        """A pool slot for a new connection (evicting to make one), or an overflow
+        slot, or None."""
+        settings = self.settings
+        limit = policy.max_connections if policy is not None else 0
+        # Only connections that had their grace can be judged silent (a burst of
+        # clients is accepted before any of their CONNECTs is read).
+        judged = now - settings.connecting_grace
+        same = self.connecting_by_address.get(source)
+        if same is not None and len(same) >= settings.max_connecting_per_address:
+            oldest = next(iter(same.values()))
+            if oldest.opened_at <= judged or not self.free:
+                self._evict(oldest, peer, now, by_address=True)
+        at_limit = bool(limit) and self.listener_open.get(listener, 0) >= limit
+        if at_limit:
+            # Only a connection of the same listener can make room under its limit.
+            victim = next((c for c in self.connecting.values() if c.listener == listener), None)
+            if victim is not None:
+                self._evict(victim, peer, now, by_address=False)
+                at_limit = False
+        elif self.connecting:
+            oldest = next(iter(self.connecting.values()))
+            if not self.free or (
+                len(self.connecting) >= settings.max_connecting and oldest.opened_at <= judged
+            ):
+                self._evict(oldest, peer, now, by_address=False)
         if self.free and not at_limit:
             conn = self.free.pop()
             self.listener_open[listener] = self.listener_open.get(listener, 0) + 1
-        elif self.overflow < OVERFLOW_SLOTS:
-            conn = Connection(self.settings.max_packet_size)
+            return conn
+        if self.overflow < OVERFLOW_SLOTS:
+            conn = Connection(settings.max_packet_size)
             conn.overflow = True
             self.overflow += 1
+            return conn
+        self.stats.connections_refused += 1
+        if self.stats.connections_refused & (self.stats.connections_refused - 1) == 0:
+            log.warning(
+                "connection from %s closed at once: all %d slots and %d refusal slots "
+                "in use (%d refused so far)",
+                peer,
+                settings.max_connections,
+                OVERFLOW_SLOTS,
+                self.stats.connections_refused,
+            )
+        return None
+
+    def trim_connecting(self, conn: Connection, now: float) -> None:
+        """``conn``'s grace is over, still before its CONNACK: the budgets it was let
+        past are enforced again, oldest first (those are at least as old as it)."""
+        settings = self.settings
+        same = self.connecting_by_address.get(conn.source)
+        while same and len(same) > settings.max_connecting_per_address:
+            self._evict(next(iter(same.values())), None, now, by_address=True)
+            same = self.connecting_by_address.get(conn.source)
+        while len(self.connecting) > settings.max_connecting:
+            self._evict(next(iter(self.connecting.values())), None, now, by_address=False)
+
+    def _evict(self, victim: Connection, peer: str | None, now: float, *, by_address: bool) -> None:
+        """Close ``victim``, still before its CONNACK, and hand its slot to ``peer``."""
+        stats = self.stats
+        if by_address:
+            stats.evicted_address_full += 1
+            why = (
+                f"{victim.source} has {self.settings.max_connecting_per_address} "
+                "connections in CONNECT (max_connecting_per_address)"
+            )
         else:
-            self.stats.connections_refused += 1
-            if self.stats.connections_refused & (self.stats.connections_refused - 1) == 0:
-                log.warning(
-                    "connection from %s closed at once: all %d slots and %d refusal slots "
-                    "in use (%d refused so far)",
-                    peer,
-                    self.settings.max_connections,
-                    OVERFLOW_SLOTS,
-                    self.stats.connections_refused,
-                )
-            return None
-        conn.reset(self.next_conn_id, peer, listener, now, policy, identity)
-        self.next_conn_id += 1
-        self.connections[conn.id] = conn
-        self.stats.connections_total += 1
-        self.begin()
-        try:
-            closing.arm_connect_deadline(self, conn, now)
-        finally:
-            self.end()
-        return conn
+            stats.evicted_connecting_full += 1
+            why = (
+                f"{len(self.connecting)} connections in CONNECT hold "
+                f"{self.settings.max_connecting} of {self.settings.max_connections} slots"
+            )
+        evicted = stats.evicted_address_full + stats.evicted_connecting_full
+        if evicted & (evicted - 1) == 0:
+            log.warning(
+                "closing %s, without CONNACK after %.1f s, to admit %s: %s (%d evicted so far)",
+                victim.label,
+                now - victim.opened_at,
+                peer or "no one (its grace is over)",
+                why,
+                evicted,
+            )
+        victim.evicted = True
+        victim.abort = True  # nothing to say to it: free the socket at once
+        victim.pending = None  # a login it waited for is decided for nobody
+        self.listener_open[victim.listener] -= 1
+        closing.close(self, victim, now, "evicted to admit a newer connection")
+        # Its slot, for the newcomer: the evicted object stays with its transport until
+        # the shell reports it closed, and is then dropped instead of pooled.
+        self.free.append(Connection(self.settings.max_packet_size))
 
     def password_checked(self, attempt: LoginAttempt, ok: bool | None, now: float) -> None:
         """The outcome of a password check handed to ``verifier`` (None: it could not
@@ -277,9 +368,10 @@ class Broker(Context):
             conn.state = State.CLOSED
             conn.handle = None
             self.connections.pop(conn.id, None)
+            self.connecting_over(conn)
             if conn.overflow:
                 self.overflow -= 1
-            else:
+            elif not conn.evicted:
                 self.listener_open[conn.listener] -= 1
                 self.free.append(conn)  # the slot goes back to the pool
         finally:
@@ -420,3 +512,19 @@ class Broker(Context):
             )
         finally:
             self.end()
+
+
+def _grace_over(arg: tuple[Broker, Connection, int], now: float) -> None:
+    """A connection's ``connecting_grace`` is over before its CONNACK: trim the budgets,
+    then it has the rest of ``connect_timeout`` to finish."""
+    broker, conn, generation = arg
+    if conn.generation != generation or conn.state is not State.NEW:
+        return
+    conn.timer = None
+    broker.begin()
+    try:
+        broker.trim_connecting(conn, now)
+        if not conn.evicted and conn.state is State.NEW:
+            closing.arm_connect_deadline(broker, conn, conn.opened_at)
+    finally:
+        broker.end()

@@ -67,6 +67,15 @@ class BrokerSettings:
     """Every bound the core enforces (``[broker]``), with its default."""
 
     max_connections: int = option(1024, ge=1, le=MAX_SLOTS)
+    #: Connections that have not finished CONNECT (and login) hold at most this share of
+    #: the pool, and at most ``max_connecting_per_address`` from one address (an IPv6
+    #: /64); beyond either the oldest of them is closed (``core.open_connection``).
+    connecting_share: float = option(0.25, reload=True, gt=0, le=1)
+    max_connecting_per_address: int = option(32, reload=True, ge=1, le=MAX_SLOTS)
+    #: A connection younger than this is not evicted for either budget while the pool
+    #: has a free slot (a burst of clients is accepted before any CONNECT is read);
+    #: at this age the budgets are enforced again, oldest first.
+    connecting_grace: float = option(1.0, reload=True, ge=0, le=DAY)
     max_packet_size: int = option(1_048_576, ge=20, le=VARINT_MAX + 5)
     max_keepalive: int = option(60, reload=True, ge=0, le=65535)
     connect_timeout: float = option(10.0, reload=True, gt=0, le=DAY)
@@ -105,6 +114,11 @@ class BrokerSettings:
     #: Failed-login slowdown (see gateway.broker.logins); 0 switches it off.
     failed_login_delay: float = option(1.0, reload=True, section="auth", ge=0, le=DAY)
     failed_login_delay_max: float = option(30.0, reload=True, section="auth", ge=0, le=DAY)
+
+    @property
+    def max_connecting(self) -> int:
+        """Pool slots connections may hold before their CONNACK (at least one)."""
+        return max(1, int(self.max_connections * self.connecting_share))
 
     @property
     def deny_subscription_code(self) -> ReasonCode:

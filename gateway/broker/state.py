@@ -61,6 +61,7 @@ class Connection:
         "client_id",
         "close_reason",
         "dropped",
+        "evicted",
         "generation",
         "graceful",
         "handle",
@@ -86,6 +87,7 @@ class Connection:
         "reader",
         "rules",
         "session",
+        "source",
         "state",
         "stuck_timer",
         "timer",
@@ -105,6 +107,9 @@ class Connection:
         self.generation = 0
         #: A connection beyond the pool, kept only to refuse its CONNECT properly.
         self.overflow = False
+        #: Closed before its CONNACK to make room: its slot went to a newcomer at once,
+        #: so this object does not go back to the pool.
+        self.evicted = False
         self.reset(0, "", "", 0.0)
 
     def reset(
@@ -120,6 +125,8 @@ class Connection:
         self.generation += 1
         self.id = conn_id
         self.peer = peer
+        #: The address the per-address limits count (an IPv6 /64 counts as one).
+        self.source = ""
         self.listener = listener
         #: The listener's authentication and ACL (None: the broker's defaults).
         self.policy = policy

@@ -18,6 +18,10 @@ class Stats:
     bytes_sent: int = 0
     connections_total: int = 0
     connections_refused: int = 0
+    #: Connections closed before their CONNACK to admit a newer one: the connecting
+    #: share (or the whole pool) was full, or their address had its most connecting.
+    evicted_connecting_full: int = 0
+    evicted_address_full: int = 0
     clients_maximum: int = 0
     dropped_slow_consumer: int = 0
     dropped_queue_full: int = 0

@@ -72,6 +72,9 @@ def sys_values(ctx: Context, now: float) -> dict[str, str]:
         base + "publish/messages/denied": str(st.publish_denied),
         base + "retained messages/refused": str(ctx.retained.refused),
         base + "clients/refused": str(st.connections_refused),
+        base + "clients/connecting": str(len(ctx.connecting)),
+        base + "clients/evicted/connecting full": str(st.evicted_connecting_full),
+        base + "clients/evicted/address full": str(st.evicted_address_full),
         base + "clients/protocol errors": str(st.protocol_errors),
     }
     for name, load in ctx.loads.items():

@@ -55,7 +55,7 @@ class ListenerSpec:
 class MQTTProtocol(asyncio.Protocol):
     """One TCP connection: bytes to the core, the core's bytes back out."""
 
-    __slots__ = ("_linger", "conn", "listener", "server", "transport")
+    __slots__ = ("_linger", "_stash", "conn", "listener", "server", "transport")
 
     def __init__(self, server: Server, listener: str) -> None:
         self.server = server
@@ -63,6 +63,8 @@ class MQTTProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.conn: Connection | None = None
         self._linger: asyncio.TimerHandle | None = None
+        #: Input read while reads are paused, for the resume (see ``data_received``).
+        self._stash: bytes | None = None
 
     def finish(self) -> None:
         """Our side is done: shut the write side, drain input briefly, then close."""
@@ -106,7 +108,24 @@ class MQTTProtocol(asyncio.Protocol):
         if conn is None:
             return
         server = self.server
+        if server.reading_paused:
+            # pause_reading() in connection_made does not stop the first read on every
+            # event loop: keep what slipped through (one read) until reads resume.
+            self._stash = data if self._stash is None else self._stash + data
+            if self.transport is not None:
+                self.transport.pause_reading()
+            return
         server.broker.data_received(conn, data, server.loop.time())
+
+    def resume(self) -> None:
+        """Reads resume: what was kept goes in first."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        stash, self._stash = self._stash, None
+        if stash is not None and self.conn is not None:
+            self.server.broker.data_received(self.conn, stash, self.server.loop.time())
+        transport.resume_reading()
 
     def eof_received(self) -> bool:
         return False  # the peer is done: close our side too
@@ -299,13 +318,16 @@ class Server:
         if paused == self.reading_paused:
             return
         self.reading_paused = paused
-        for proto in self.protocols:
+        for proto in list(self.protocols):
             transport = proto.transport
-            if transport is not None and not transport.is_closing():
-                if paused:
-                    transport.pause_reading()
-                else:
-                    transport.resume_reading()
+            if transport is None or transport.is_closing():
+                continue
+            if paused:
+                transport.pause_reading()
+            else:
+                proto.resume()
+                if self.reading_paused:
+                    return  # what a stash brought in put the store behind again
 
     async def close(self, grace: float = 5.0) -> None:
         """Stop listening, tell clients, and wait (bounded) for connections to close."""

@@ -531,7 +531,14 @@ class Store:
     def _run(self) -> None:
         stop = False
         while not stop:
-            item = self._queue.get()
+            try:
+                # While full, look again every retry_interval even when nothing is
+                # written: room made by others (a file deleted on the disk) ends the
+                # refusals without waiting for a write that may never come.
+                item = self._queue.get(timeout=self.settings.retry_interval if self.full else None)
+            except queue.Empty:
+                self._check_room()
+                continue
             batches = []
             if item is None:
                 stop = True
@@ -576,6 +583,10 @@ class Store:
         self.ops_written += count
         if self._schedule is not None and self._committed is not None:
             self._schedule(self._committed, batches[-1][0])
+        self._check_room()
+
+    def _check_room(self) -> None:
+        """Compare with the watermarks; tell the loop when fullness changes."""
         full = self._is_full()
         if full != self.full:
             self.full = full

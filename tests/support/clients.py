@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,8 @@ class Received:
     qos: int
     retain: bool
     properties: Any = None
+    #: When it arrived (``time.monotonic()``).
+    at: float = 0.0
 
 
 @dataclass
@@ -34,6 +37,8 @@ class Paho:
     messages: list[Received] = field(default_factory=list)
     disconnects: list[int] = field(default_factory=list)
     subacks: list[list[int]] = field(default_factory=list)
+    #: The reason code of each QoS 1/2 publish's acknowledgement, by message id.
+    acks: dict[int, int] = field(default_factory=dict)
     connack: Any = None
     session_present: bool | None = None
     #: "tcp" or "websockets", TLS with ``ca`` (and a client certificate), credentials.
@@ -71,6 +76,7 @@ class Paho:
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = self._on_disconnect
         self.client.on_subscribe = self._on_subscribe
+        self.client.on_publish = self._on_publish
 
     def _on_message(self, client: Any, userdata: Any, msg: mqtt.MQTTMessage) -> None:
         with self._lock:
@@ -81,6 +87,7 @@ class Paho:
                     msg.qos,
                     bool(msg.retain),
                     getattr(msg, "properties", None),
+                    time.monotonic(),
                 )
             )
 
@@ -99,6 +106,10 @@ class Paho:
         self, client: Any, userdata: Any, mid: int, codes: Any, props: Any = None
     ) -> None:
         self.subacks.append([c.value if isinstance(c, PahoReasonCode) else int(c) for c in codes])
+
+    def _on_publish(self, client: Any, userdata: Any, mid: int, rc: Any, props: Any = None) -> None:
+        with self._lock:
+            self.acks[mid] = rc.value if isinstance(rc, PahoReasonCode) else int(rc)
 
     def connect(
         self,
@@ -143,11 +154,32 @@ class Paho:
         qos: int = 0,
         retain: bool = False,
         properties: Properties | None = None,
+        *,
+        refused: int | None = None,
     ) -> None:
+        """Publish; QoS 1/2 wait for the acknowledgement, whose reason code must be a
+        success (below 0x80) -- or ``refused``, when the test expects that refusal."""
+        code = self.publish_code(topic, payload, qos, retain, properties)
+        if refused is None:
+            assert code < 0x80, f"{topic}: refused with reason code {code:#04x}"
+        else:
+            assert code == refused, f"{topic}: reason code {code:#04x}, not {refused:#04x}"
+
+    def publish_code(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int = 0,
+        retain: bool = False,
+        properties: Properties | None = None,
+    ) -> int:
+        """Publish; the reason code of the acknowledgement (QoS 0: 0)."""
         info = self.client.publish(topic, payload, qos, retain, properties=properties)
-        if qos:
-            info.wait_for_publish(5)
-            assert info.is_published(), f"no acknowledgement for {topic}"
+        if not qos:
+            return 0
+        info.wait_for_publish(5)
+        assert info.is_published(), f"no acknowledgement for {topic}"
+        return wait_for(lambda: self.acks.get(info.mid, -1) + 1, 5, "ack code") - 1
 
     def wait_messages(self, count: int, timeout: float = 5.0) -> list[Received]:
         wait_for(
@@ -158,11 +190,20 @@ class Paho:
     def disconnect(self) -> None:
         self.client.disconnect()
         self.client.loop_stop()
-        # paho keeps its wake-up socket pair until the client object is collected; in a
-        # reference cycle (the callbacks point back here) the collector may finalize the
-        # sockets before the client closes them (an "unclosed socket" warning): close
-        # them now, the loop thread being over.
-        self.client._reset_sockets(sockpair_only=True)
+        self._release()
+
+    def _release(self) -> None:
+        """Close paho's sockets, its wake-up socket pair included: paho keeps that pair
+        until the client object is collected, and in a reference cycle (the callbacks
+        point back here) the collector may finalize it before paho closes it (an
+        "unclosed socket" warning); the loop thread being over, close them now."""
+        self.client._reset_sockets()
+
+    def close(self) -> None:
+        """Stop the loop and close the socket, whatever state the connection is in
+        (the server may have closed it)."""
+        self.client.loop_stop()
+        self._release()
 
     def kill(self) -> None:
         """Break the connection without DISCONNECT (so the will fires)."""

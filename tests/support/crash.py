@@ -1,12 +1,15 @@
 """Crash harness: real clients publish QoS 1 and 2 while Ledge is SIGKILLed and restarted.
 
 Publishers (paho-mqtt, MQTT 5.0 and 3.1.1, persistent sessions) send numbered
-messages as fast as their in-flight windows allow; persistent subscribers at
-QoS 1 and QoS 2 record what arrives. At random moments the broker is killed with
+messages as fast as their in-flight windows allow -- plain ones, QoS 2 with properties
+and retained ones, so every path to the store is killed under; persistent subscribers
+at QoS 1 and QoS 2 record what arrives. At random moments the broker is killed with
 SIGKILL and started again on the same port and data directory; the clients
 reconnect by themselves. At the end every message a publisher saw acknowledged
 must have reached every subscriber -- at least once at QoS 1, exactly once at
-QoS 2 end to end -- and, per publisher, first arrivals must be in order.
+QoS 2 end to end, with its properties -- and, per publisher, first arrivals must be in
+order; the retained store must hold the last acknowledged retained message (or a later
+one).
 
     python -m tests.support.crash --iterations 200      # the long run (make crash-test)
 """
@@ -33,6 +36,11 @@ from tests.support.procs import LedgeProcess, free_port
 from tests.support.wait import wait_for
 
 TOPIC = "crash"
+#: The user property the publishers with properties send (name -> their own name).
+PROPERTY = "crash-publisher"
+#: Publishers that send properties, and the one that publishes retained messages.
+WITH_PROPERTIES = ("p4",)
+RETAINED = "r1"
 
 
 def _keep_pubrel_state_across_reconnect_attempts() -> None:
@@ -92,6 +100,10 @@ class Publisher:
     qos: int
     version: int
     port: int
+    #: Retained messages (the retained store is on the path to the disk).
+    retain: bool = False
+    #: MQTT 5.0 properties on every message (the general path, not the plain fast path).
+    properties: bool = False
     sent: int = 0
     acked: set[int] = field(default_factory=set)
     mids: dict[int, int] = field(default_factory=dict)
@@ -131,8 +143,17 @@ class Publisher:
                 self.stop.wait(0.005)
                 continue
             seq = self.sent + 1
+            props = None
+            if self.properties:
+                props = Properties(PacketTypes.PUBLISH)
+                props.UserProperty = (PROPERTY, self.name)
+                props.ContentType = "text/plain"
             info = self.client.publish(
-                f"{TOPIC}/{self.name}", f"{self.name}:{seq}".encode(), self.qos
+                f"{TOPIC}/{self.name}",
+                f"{self.name}:{seq}".encode(),
+                self.qos,
+                self.retain,
+                properties=props,
             )
             with self.lock:
                 if info.mid in self.early:
@@ -155,6 +176,8 @@ class Subscriber:
     version: int
     port: int
     received: list[tuple[str, int]] = field(default_factory=list)
+    #: Messages that should have carried properties and came without them.
+    stripped: list[tuple[str, int]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     subscribed: threading.Event = field(default_factory=threading.Event)
 
@@ -174,6 +197,32 @@ class Subscriber:
         name, _, seq = bytes(msg.payload).decode().partition(":")
         with self.lock:
             self.received.append((name, int(seq)))
+            if name in WITH_PROPERTIES and self.version == 5:
+                props = getattr(msg, "properties", None)
+                users = getattr(props, "UserProperty", None) or []
+                if (PROPERTY, name) not in users or getattr(
+                    props, "ContentType", None
+                ) != "text/plain":
+                    self.stripped.append((name, int(seq)))
+
+
+def _retained_seq(port: int) -> int | None:
+    """The sequence number of the retained message the broker holds now (None: none)."""
+    got: list[int] = []
+    c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="crash-retained", protocol=mqtt.MQTTv5)
+    c.on_message = lambda client, userdata, msg: got.append(
+        int(bytes(msg.payload).decode().partition(":")[2])
+    )
+    c.on_connect = lambda client, *args: client.subscribe(f"{TOPIC}/{RETAINED}", 1)
+    c.connect("127.0.0.1", port, 30)
+    c.loop_start()
+    try:
+        with contextlib.suppress(AssertionError):
+            wait_for(lambda: got, 10, "the retained message")
+    finally:
+        c.disconnect()
+        c.loop_stop()
+    return got[0] if got else None
 
 
 @dataclass
@@ -216,6 +265,8 @@ def run(
         Publisher("p1", 1, 5, port),
         Publisher("p2", 2, 5, port),
         Publisher("p3", 2, 4, port),
+        Publisher("p4", 2, 5, port, properties=True),
+        Publisher(RETAINED, 1, 5, port, retain=True),
     ]
     for p in publishers:
         p.start()
@@ -239,16 +290,23 @@ def run(
 
         with contextlib.suppress(AssertionError):  # reported below, message by message
             wait_for(complete, 60, "every acknowledged message at every subscriber")
+        kept = _retained_seq(port)
     finally:
         for client in [p.client for p in publishers] + [s.client for s in subscribers]:
             client.loop_stop()
             client.disconnect()
         broker.stop()
     problems: list[str] = []
+    last = max(expected[RETAINED], default=0)
+    if kept is None or kept < last:
+        problems.append(f"retained: the store holds {kept}, acknowledged up to {last}")
     checked = 0
     for s in subscribers:
         with s.lock:
             received = list(s.received)
+            problems.extend(
+                f"{s.name}: {n}:{q} arrived without its properties" for n, q in s.stripped
+            )
         counts = Counter(received)
         for p in publishers:
             firsts = [q for (n, q) in dict.fromkeys(received) if n == p.name]

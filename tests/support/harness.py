@@ -42,6 +42,10 @@ class Harness:
 
     def __init__(self, **settings: Any) -> None:
         settings.setdefault("sys_interval", 0)
+        # Tests open clients before they CONNECT, all from one address: the connecting
+        # budget stays out of their way unless a test sets it.
+        settings.setdefault("connecting_share", 1.0)
+        settings.setdefault("max_connecting_per_address", 1 << 20)
         self.now = 1000.0
         self.broker = Broker(BrokerSettings(**settings), now=self.now)
 

@@ -50,6 +50,9 @@ class LedgeProcess:
         port: int = 0,
         listen: bool = True,
         env: dict[str, str] | None = None,
+        open_files: tuple[int, int] | None = None,
+        tracebacks: bool = False,
+        wrapper: tuple[str, ...] = (),
     ) -> None:
         cmd = [sys.executable, "-m", "gateway", "run"]
         if listen:
@@ -57,7 +60,8 @@ class LedgeProcess:
         if config is not None:
             cmd += ["--config", str(config)]
         cmd += list(args)
-        self.cmd = cmd
+        #: A command that execs the gateway in its place (same process id).
+        self.cmd = [*wrapper, *cmd]
         self.env = env or {}
         self.lines: list[str] = []
         self.port = 0
@@ -65,6 +69,14 @@ class LedgeProcess:
         self.proc: subprocess.Popen[str] | None = None
         self._reader: threading.Thread | None = None
         self._terminated = False
+        #: A test that makes the gateway log a traceback on purpose (a tap that raises)
+        #: says so; any other traceback fails ``stop``.
+        self.tracebacks = tracebacks
+        if open_files is not None:
+            # util-linux's prlimit (Essential in Debian) sets the (soft, hard) open-file
+            # limit, then execs the gateway in its place.
+            soft, hard = open_files
+            self.cmd = ["prlimit", f"--nofile={soft}:{hard}", "--", *self.cmd]
 
     def start(self, timeout: float = 15.0, listeners: int = 1) -> LedgeProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
@@ -138,7 +150,8 @@ class LedgeProcess:
             proc.stderr.close()
 
     def stop(self, timeout: float = 10.0) -> int:
-        """SIGTERM (unless already sent), then wait; returns the exit code."""
+        """SIGTERM (unless already sent), then wait; returns the exit code. Fails when
+        the gateway logged a traceback (unless the test expects one)."""
         proc = self.proc
         if proc is None:
             return 0
@@ -155,15 +168,21 @@ class LedgeProcess:
             self._reader.join(5)
         if proc.stderr is not None:
             proc.stderr.close()
+        if not self.tracebacks:
+            assert "Traceback" not in self.log, f"a traceback in ledge's log:\n{self.log}"
         return proc.returncode
 
 
 class MosquittoProcess:
     """Debian's mosquitto on a free loopback port, anonymous access allowed."""
 
-    def __init__(self, workdir: Path, extra_config: str = "") -> None:
+    def __init__(
+        self, workdir: Path, extra_config: str = "", open_files: tuple[int, int] | None = None
+    ) -> None:
         self.workdir = workdir
         self.extra_config = extra_config
+        #: (soft, hard) open-file limit to start with (prlimit), None: this process's.
+        self.open_files = open_files
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -171,7 +190,18 @@ class MosquittoProcess:
     def available() -> bool:
         return shutil.which("mosquitto") is not None or Path("/usr/sbin/mosquitto").exists()
 
+    @classmethod
+    def require(cls) -> None:
+        """Fail loudly without Debian's mosquitto: the tests that need it are never
+        skipped, so a machine without it cannot pass them by not running them."""
+        if not cls.available():
+            raise AssertionError(
+                "Debian's mosquitto is not installed: run scripts/setup --test "
+                "(apt-get install mosquitto mosquitto-clients)"
+            )
+
     def start(self, port: int | None = None, timeout: float = 10.0) -> MosquittoProcess:
+        self.require()
         self.port = port or free_port()
         conf = self.workdir / f"mosquitto-{self.port}.conf"
         conf.write_text(
@@ -179,8 +209,11 @@ class MosquittoProcess:
             f"persistence false\n{self.extra_config}\n"
         )
         binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+        cmd = [binary, "-c", str(conf)]
+        if self.open_files is not None:
+            cmd = ["prlimit", f"--nofile={self.open_files[0]}:{self.open_files[1]}", "--", *cmd]
         self.proc = subprocess.Popen(
-            [binary, "-c", str(conf)],
+            cmd,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -1,0 +1,277 @@
+"""Mutation testing: how many small bugs planted in the code do the fast tests catch?
+
+``python -m bench.mutate`` (``make mutate``) runs mutmut over one package at a time --
+``gateway/mqtt``, ``gateway/broker``, ``gateway/bridge`` -- with that package's fast,
+in-process tests (no gateway processes, no sockets), niced, in a scratch copy under
+``.mutate/<package>/`` so the checkout is never touched. mutmut plants one mutant at a
+time (an operator flipped, a constant changed, a call dropped) and runs the tests that
+cover the mutated function; a mutant no test fails on *survived*. Results are kept
+between runs: a second run only checks mutants of changed code.
+
+The report (``.mutate/report.md``, also printed) gives per module: mutants, killed,
+survived, no covering test, timeouts, and the score, killed (timeouts included) over all
+mutants checked; then every surviving mutant of the run as a diff. Not part of
+``scripts/test``: a full run takes hours of CPU on two cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import difflib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+WORK = REPO / ".mutate"
+
+#: package -> the fast tests that exercise it (the mutants' judges). Tests that start a
+#: gateway process run once, for mutmut's map of which test covers which function, and
+#: never judge a mutant: the mutated code runs only in mutmut's own process.
+SCOPES: dict[str, tuple[str, ...]] = {
+    "mqtt": (
+        "tests/test_codec_vectors.py",
+        "tests/test_codec_fastpath.py",
+        "tests/test_topics.py",
+        "tests/test_subtree.py",
+        "tests/test_core_connect.py",
+        "tests/test_core_publish.py",
+        "tests/test_core_subscribe.py",
+        "tests/test_core_retain_will_session.py",
+        "tests/test_core_fastpath.py",
+    ),
+    "broker": (
+        "tests/test_core_acl.py",
+        "tests/test_core_connect.py",
+        "tests/test_core_fastpath.py",
+        "tests/test_core_logins.py",
+        "tests/test_core_publish.py",
+        "tests/test_core_retain_will_session.py",
+        "tests/test_core_subscribe.py",
+        "tests/test_publish_policy.py",
+        "tests/test_store.py",
+        "tests/test_limits.py",
+        "tests/test_local_and_taps.py",
+        "tests/test_subtree.py",
+        "tests/test_mqttsn_gateway.py",  # the MQTT-SN clients' broker sessions (proxy.py)
+        "tests/test_security_passwd.py",  # password files (auth.py)
+    ),
+    "bridge": ("tests/test_bridge_units.py",),
+}
+
+#: Functions that run only at import time (they build the codec's PUBACK..PUBCOMP
+#: coders): mutmut switches a mutant on when its function is called, which for these
+#: happened before any test ran, so their mutants can never be active. Listed apart.
+IMPORT_TIME: tuple[str, ...] = (
+    "gateway.mqtt.codec.x__make_ack_decoder__",
+    "gateway.mqtt.codec.x__make_ack_encoder__",
+)
+
+#: mutmut's exit codes per mutant -> what they mean.
+STATUS = {
+    1: "killed",
+    3: "killed",  # the test run crashed: caught
+    37: "killed",  # caught by mutmut's type check
+    -24: "timeout",  # SIGXCPU
+    24: "timeout",
+    36: "timeout",
+    152: "timeout",
+    255: "timeout",
+    -9: "timeout",  # SIGKILL after the CPU limit
+    0: "survived",
+    5: "no tests",
+    33: "no tests",
+    34: "skipped",
+    2: "not checked",  # interrupted
+    None: "not checked",
+}
+
+
+@dataclass
+class Score:
+    module: str
+    counts: Counter[str]
+
+    @property
+    def checked(self) -> int:
+        left_out = ("not checked", "skipped", "import time")
+        return sum(n for status, n in self.counts.items() if status not in left_out)
+
+    @property
+    def score(self) -> float:
+        caught = self.counts["killed"] + self.counts["timeout"]
+        return caught / self.checked if self.checked else 0.0
+
+
+#: Loaded by the scratch copy's test runs: a test that starts a gateway (or Mosquitto)
+#: process is skipped there. The process imports the code with every mutant off, so it
+#: can never judge one, and under mutmut's trampolines on a busy machine its start-up
+#: can outlast the helpers' deadline and abort the whole run.
+PLUGIN = """\
+from __future__ import annotations
+
+import pytest
+
+from tests.support import procs
+
+
+def _skip(*args: object, **kwargs: object) -> None:
+    pytest.skip("a separate process cannot judge a mutant")
+
+
+procs.LedgeProcess.start = _skip  # type: ignore[assignment,method-assign]
+procs.MosquittoProcess.start = _skip  # type: ignore[assignment,method-assign]
+"""
+
+
+def _copy(package: str, scope: tuple[str, ...]) -> Path:
+    """A scratch copy of what the tests import, with mutmut's config for ``package``."""
+    where = WORK / package
+    where.mkdir(parents=True, exist_ok=True)
+    for name in ("gateway", "drivers", "tests"):
+        target = where / name
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(REPO / name, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    pyproject = (REPO / "pyproject.toml").read_text()
+    quoted = ", ".join(f'"{path}"' for path in scope)
+    pyproject += (
+        "\n[tool.mutmut]\n"
+        'source_paths = ["gateway"]\n'
+        f'only_mutate = ["gateway/{package}/*"]\n'
+        'also_copy = ["drivers"]\n'
+        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "tests.mutate_plugin", '
+        '"-q", "-x"]\n'
+        f"pytest_add_cli_args_test_selection = [{quoted}]\n"
+    )
+    (where / "pyproject.toml").write_text(pyproject)
+    (where / "tests" / "mutate_plugin.py").write_text(PLUGIN)
+    return where
+
+
+def _mutmut() -> str:
+    found = shutil.which("mutmut", path=str(Path(sys.executable).parent))
+    if found is None:
+        raise SystemExit("mutmut is not installed: pip install -e '.[mutate]'")
+    return found
+
+
+def run(package: str, children: int, niceness: int) -> None:
+    where = _copy(package, SCOPES[package])
+    cmd = ["nice", "-n", str(niceness), _mutmut(), "run", "--max-children", str(children)]
+    started = time.monotonic()
+    print(f"mutate {package}: {' '.join(cmd)} in {where}", flush=True)
+    with open(where / "run.log", "wb") as log:
+        subprocess.run(cmd, cwd=where, stdout=log, stderr=subprocess.STDOUT, check=False)
+    print(f"mutate {package}: {time.monotonic() - started:.0f} s", flush=True)
+
+
+def results(package: str) -> tuple[list[Score], dict[str, list[str]]]:
+    """The scores of ``package``, file by file then in all, and its survivors by file
+    (from mutmut's meta files)."""
+    import json
+
+    where = WORK / package / "mutants" / "gateway" / package
+    total: Counter[str] = Counter()
+    scores: list[Score] = []
+    survivors: dict[str, list[str]] = {}
+    for meta in sorted(where.glob("*.py.meta")):
+        name = meta.name.removesuffix(".meta")
+        counts: Counter[str] = Counter()
+        data = json.loads(meta.read_text())
+        for key, code in data["exit_code_by_key"].items():
+            status = STATUS.get(code, f"exit {code}")
+            if key.startswith(IMPORT_TIME):
+                status = "import time"
+            counts[status] += 1
+            if status in ("survived", "no tests"):
+                survivors.setdefault(name, []).append(key)
+        if counts:
+            scores.append(Score(f"gateway/{package}/{name}", counts))
+            total.update(counts)
+    scores.append(Score(f"**gateway/{package}**", total))
+    return scores, survivors
+
+
+def _functions(path: Path) -> dict[str, str]:
+    """Function name -> source, for every function of a mutmut-generated file."""
+    source = path.read_text()
+    lines = source.splitlines()
+    found: dict[str, str] = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            # By line numbers: ast.get_source_segment rescans the file for each node.
+            found[node.name] = "\n".join(lines[node.lineno - 1 : node.end_lineno])
+    return found
+
+
+def _diff(functions: dict[str, str], key: str) -> str:
+    """The lines a mutant changed, as ``- old | + new``."""
+    name = key.rpartition(".")[2]
+    original = functions.get(name.rsplit("__mutmut_", 1)[0] + "__mutmut_orig", "")
+    mutant = functions.get(name, "")
+    lines = difflib.unified_diff(original.splitlines()[1:], mutant.splitlines()[1:], n=0)
+    changed = [ln.strip() for ln in lines if ln[:1] in "+-" and ln[:3] not in ("---", "+++")]
+    return " | ".join(changed)[:200]
+
+
+def report(packages: list[str], diffs: bool) -> str:
+    rows = []
+    details = []
+    for package in packages:
+        if not (WORK / package / "mutants").exists():
+            continue
+        scores, survivors = results(package)
+        for score in scores:
+            c = score.counts
+            rows.append(
+                f"| {score.module} | {score.checked} | {c['killed']} | {c['survived']} | "
+                f"{c['no tests']} | {c['timeout']} | {score.score:.1%} | "
+                f"{c['not checked']} | {c['import time']} |"
+            )
+        if diffs:
+            for file, names in survivors.items():
+                path = WORK / package / "mutants" / "gateway" / package / file
+                functions = _functions(path)
+                details.append(f"\n### gateway/{package}/{file} ({len(names)} surviving)\n")
+                details.extend(f"- `{name}`: `{_diff(functions, name)}`" for name in names)
+    scopes = "\n".join(f"- gateway/{p}: {', '.join(SCOPES[p])}" for p in packages)
+    return (
+        "# Mutation testing (mutmut)\n\n"
+        "Score: killed (with timeouts) over all mutants checked; a mutant no covering "
+        "test exists for counts as surviving.\n\n"
+        "| module | checked | killed | survived | no tests | timeout | score | not checked "
+        "| import time |\n|---|---|---|---|---|---|---|---|---|\n"
+        + "\n".join(rows)
+        + "\n\nTests per module:\n\n"
+        f"{scopes}\n" + ("\n## Surviving mutants\n" + "\n".join(details) if details else "")
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.mutate", description=__doc__)
+    parser.add_argument("packages", nargs="*", default=list(SCOPES), choices=list(SCOPES))
+    parser.add_argument("--children", type=int, default=1, help="mutants run at once")
+    parser.add_argument("--nice", type=int, default=10, help="niceness of the runs")
+    parser.add_argument("--report-only", action="store_true", help="report the last runs")
+    args = parser.parse_args(argv)
+    packages = args.packages or list(SCOPES)
+    if not args.report_only:
+        for package in packages:
+            run(package, args.children, args.nice)
+    text = report(packages, diffs=True)
+    WORK.mkdir(exist_ok=True)
+    (WORK / "report.md").write_text(text)
+    print(text)
+    print(f"written to {os.path.relpath(WORK / 'report.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
