@@ -48,6 +48,12 @@ SYS_METRICS: dict[str, tuple[str, dict[str, str] | None]] = {
     "clients/connected": ("ledge_clients_connected", None),
     "clients/total": ("ledge_sessions", None),
     "clients/maximum": ("ledge_clients_maximum", {}),
+    "clients/connecting": ("ledge_clients_connecting", {}),
+    "clients/evicted/connecting full": (
+        "ledge_connections_evicted_total",
+        {"reason": "connecting_full"},
+    ),
+    "clients/evicted/address full": ("ledge_connections_evicted_total", {"reason": "address_full"}),
     "messages/received": ("ledge_packets_received_total", {}),
     "messages/sent": ("ledge_packets_sent_total", {}),
     "publish/messages/received": ("ledge_messages_received_total", {}),

@@ -265,6 +265,21 @@ class BrokerSource:
             "Network connections refused (pool, listener limit, handshake bound).",
             st.connections_refused,
         )
+        yield gauge(
+            "ledge_clients_connecting",
+            "Network connections that have not finished CONNECT (and login) yet.",
+            len(b.connecting),
+        )
+        for reason, count in (
+            ("connecting_full", st.evicted_connecting_full),
+            ("address_full", st.evicted_address_full),
+        ):
+            yield counter(
+                "ledge_connections_evicted_total",
+                "Connections closed before their CONNACK to admit a newer one, by reason.",
+                count,
+                reason=reason,
+            )
         yield counter(
             "ledge_protocol_errors_total",
             "Connections closed for breaking the MQTT protocol.",
