@@ -8,6 +8,7 @@ The role against a real gateway (the SD-card image booted in QEMU): test_ansible
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -15,7 +16,6 @@ import tomllib
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.support.procs import REPO, LedgeProcess, MosquittoProcess
 
@@ -45,9 +45,9 @@ def playbook(
     """ansible-playbook on localhost (connection: local, this Python) with ``extra`` as
     extra variables; ``check``: in check mode (nothing changes)."""
     book = tmp_path / "play.yml"
-    book.write_text(yaml.safe_dump(plays))
+    book.write_text(json.dumps(plays))
     values = tmp_path / "values.yml"
-    values.write_text(yaml.safe_dump({"ansible_python_interpreter": sys.executable, **extra}))
+    values.write_text(json.dumps({"ansible_python_interpreter": sys.executable, **extra}))
     argv = [str(BIN / "ansible-playbook"), "-i", "localhost,", str(book), "-e", f"@{values}"]
     if check:
         argv.append("--check")
