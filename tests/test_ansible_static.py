@@ -9,7 +9,6 @@ The role against a real gateway (the SD-card image booted in QEMU): test_ansible
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tomllib
@@ -17,75 +16,35 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import ansible
+from tests.support.ansible import BIN, ROLE
 from tests.support.procs import REPO, LedgeProcess, MosquittoProcess
 
-ANSIBLE = REPO / "ansible"
-ROLE = ANSIBLE / "roles" / "ledge"
-BIN = Path(sys.executable).parent
 PROBE = ROLE / "files" / "ledge_health.py"
-
-
-def ansible_env(tmp_path: Path) -> dict[str, str]:
-    """Ansible's own files (temp dirs, its home) under tmp_path, the repo's ansible.cfg."""
-    return dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(ANSIBLE / "ansible.cfg"),
-        ANSIBLE_HOME=str(tmp_path / "ansible-home"),
-        ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-tmp"),
-        ANSIBLE_REMOTE_TEMP=str(tmp_path / "ansible-tmp"),
-        ANSIBLE_NOCOLOR="1",
-        ANSIBLE_FORCE_COLOR="0",
-        PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-    )
 
 
 def playbook(
     tmp_path: Path, plays: list[dict[str, object]], extra: dict[str, object], check: bool = False
 ) -> subprocess.CompletedProcess[str]:
     """ansible-playbook on localhost (connection: local, this Python) with ``extra`` as
-    extra variables; ``check``: in check mode (nothing changes)."""
+    extra variables; ``check``: in check mode (nothing changes). JSON is YAML."""
     book = tmp_path / "play.yml"
     book.write_text(json.dumps(plays))
     values = tmp_path / "values.yml"
     values.write_text(json.dumps({"ansible_python_interpreter": sys.executable, **extra}))
-    argv = [str(BIN / "ansible-playbook"), "-i", "localhost,", str(book), "-e", f"@{values}"]
-    if check:
-        argv.append("--check")
-    return subprocess.run(
-        argv,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ANSIBLE,
-        env=ansible_env(tmp_path),
-    )
+    args = ["-i", "localhost,", str(book), "-e", f"@{values}"]
+    return ansible.run("ansible-playbook", [*args, "--check"] if check else args, tmp_path)
 
 
 def test_the_playbook_passes_syntax_check(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [str(BIN / "ansible-playbook"), "--syntax-check", "site.yml"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ANSIBLE,
-        env=ansible_env(tmp_path),
-    )
+    done = ansible.run("ansible-playbook", ["--syntax-check", "site.yml"], tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 @pytest.mark.slow
 def test_ansible_lint_production_profile_passes(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [str(BIN / "ansible-lint"), "--offline", "--nocolor", "--profile", "production", "."],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ANSIBLE,
-        env=ansible_env(tmp_path),
-    )
+    args = ["--offline", "--nocolor", "--profile", "production", "."]
+    done = ansible.run("ansible-lint", args, tmp_path, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Profile 'production' was required, and it passed" in done.stdout + done.stderr
 

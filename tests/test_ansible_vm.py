@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import imagebuild
+from tests.support import ansible, imagebuild
+from tests.support.ansible import ANSIBLE
 from tests.support.clients import Paho
 from tests.support.procs import REPO
 from tests.support.vm import SdCard, Vm, mqtt_answers, ssh_keypair
@@ -37,8 +38,6 @@ BUILD_TIMEOUT = 45 * 60
 BOOT_TIMEOUT = 600.0
 #: One ansible-playbook run (the first installs a venv under TCG).
 RUN_TIMEOUT = 1200
-ANSIBLE = REPO / "ansible"
-BIN = Path(sys.executable).parent
 VERSION = "0.1.0"
 NEWER = "0.1.1"
 BROKEN = "0.1.2"
@@ -133,23 +132,9 @@ class Gateway:
         }
         path = self.work / f"inventory-{self.runs}.yml"
         path.write_text(json.dumps(inventory))  # JSON is YAML
-        env = dict(
-            os.environ,
-            ANSIBLE_CONFIG=str(ANSIBLE / "ansible.cfg"),
-            ANSIBLE_HOME=str(self.work / "ansible-home"),
-            ANSIBLE_LOCAL_TEMP=str(self.work / "ansible-tmp"),
-            ANSIBLE_NOCOLOR="1",
-            PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        )
         started = time.monotonic()
-        done = subprocess.run(
-            [str(BIN / "ansible-playbook"), "-i", str(path), "site.yml"],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=RUN_TIMEOUT,
-            cwd=ANSIBLE,
-            env=env,
+        done = ansible.run(
+            "ansible-playbook", ["-i", str(path), "site.yml"], self.work, RUN_TIMEOUT
         )
         seconds = time.monotonic() - started
         output = done.stdout + done.stderr
