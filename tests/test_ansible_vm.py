@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.image, pytest.mark.timeout(3600)]
 BUILD_TIMEOUT = 45 * 60
 BOOT_TIMEOUT = 600.0
 #: One ansible-playbook run (the first installs a venv under TCG).
-RUN_TIMEOUT = 1200
+RUN_TIMEOUT = 2400
 VERSION = "0.1.0"
 NEWER = "0.1.1"
 BROKEN = "0.1.2"

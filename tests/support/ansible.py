@@ -31,12 +31,16 @@ def run(
         ANSIBLE_FORCE_COLOR="0",
         PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
     )
-    return subprocess.run(
-        [str(BIN / tool), *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ANSIBLE,
-        env=env,
-    )
+    try:
+        return subprocess.run(
+            [str(BIN / tool), *args],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=ANSIBLE,
+            env=env,
+        )
+    except subprocess.TimeoutExpired as exc:
+        said = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else ""
+        raise AssertionError(f"{tool} did not finish within {timeout} s:\n{said[-6000:]}") from None
