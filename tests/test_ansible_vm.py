@@ -70,7 +70,13 @@ def build_wheel(version: str, out: Path, work: Path, broken: bool = False) -> Pa
         path.write_text(re.sub(pattern, f'{key} = "{version}"', path.read_text(), flags=re.M))
     if broken:
         app = src / "gateway" / "app.py"
-        app.write_text(app.read_text() + '\nraise SystemExit("this build cannot start")\n')
+        # At import, before the module's `if __name__ == "__main__"` runs the gateway.
+        head = "from __future__ import annotations\n"
+        text = app.read_text()
+        assert head in text
+        app.write_text(
+            text.replace(head, head + 'raise SystemExit("this build cannot start")\n', 1)
+        )
     subprocess.run(
         [
             sys.executable,
