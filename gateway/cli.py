@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gateway import __version__, bridgectl, statusctl
-from gateway.config import Config, Overrides, load_config, parse_listen
+from gateway.config import Config, Overrides, config_changes, load_config, parse_listen
 from gateway.runtime import RUNTIME_ENV, ConfigError, build_authenticator, file_warnings
 
 EXIT_OK = 0
@@ -69,6 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
         "with its key path and line and exit 2.",
     )
     check.add_argument("file", type=Path, metavar="FILE")
+    check.add_argument(
+        "--against",
+        type=Path,
+        metavar="OLD",
+        help="also compare FILE with the config OLD and say on the last line whether a "
+        "running gateway takes every change on SIGHUP ('reload'), needs a restart "
+        "('restart') or nothing changed ('unchanged')",
+    )
     _add_override_flags(check)
     # Used by a running gateway on SIGHUP: print the validated config as JSON.
     check.add_argument("--print-runtime", action="store_true", help=argparse.SUPPRESS)
@@ -90,6 +98,26 @@ def _validated(path: Path | None, args: argparse.Namespace) -> tuple[Config, Ove
     config = overrides.apply(config)
     build_authenticator(config.auth.allow_anonymous, config.auth.password_file)
     return config, overrides
+
+
+def _verdict(old_path: Path, new: Config, overrides: Overrides) -> str:
+    """What a running gateway on ``old_path`` needs to take ``new``: one line starting
+    with ``unchanged``, ``reload`` or ``restart``."""
+    try:
+        old = overrides.apply(load_config(old_path))
+    except ConfigError as exc:
+        # Not a config this version accepts (or none at all): nothing to compare with.
+        first = str(exc).splitlines()[0]
+        return f"restart: {old_path} cannot be compared ({first})"
+    changes = config_changes(old, new)
+    if not changes:
+        return f"unchanged: no option differs from {old_path}"
+    restart = [c.path for c in changes if not c.reloadable]
+    reload = [c.path for c in changes if c.reloadable]
+    if restart:
+        also = f"; reloadable: {', '.join(reload)}" if reload else ""
+        return f"restart: needed for {', '.join(restart)}{also}"
+    return f"reload: SIGHUP applies every change: {', '.join(reload)}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -128,6 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{args.file}: OK ({len(config.listeners)} listener(s): {listeners})")
             for warning in file_warnings(runtime):
                 print(f"{args.file}: warning: {warning}", file=sys.stderr)
+            if args.against is not None:
+                print(_verdict(args.against, config, overrides))
         return EXIT_OK
     # run: become the gateway process, leaving the validator's memory behind.
     sys.stdout.flush()

@@ -767,8 +767,60 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 def reloadable_fields(model: type[BaseModel]) -> dict[str, bool]:
     """Field name -> whether SIGHUP applies it."""
-    out = {}
-    for name, field in model.model_fields.items():
-        extra = field.json_schema_extra
-        out[name] = bool(isinstance(extra, dict) and extra.get("reload"))
+    return {name: bool(_reload_mark(field)) for name, field in model.model_fields.items()}
+
+
+# ----------------------------------------------------------------------- reload or restart
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One option that differs between two configs, and whether SIGHUP applies it."""
+
+    path: str
+    reloadable: bool
+
+
+def _reload_mark(field: Any) -> bool | None:
+    """The ``reload=`` a field declares (None: it declares nothing)."""
+    extra = field.json_schema_extra
+    if isinstance(extra, dict) and "reload" in extra:
+        return bool(extra["reload"])
+    return None
+
+
+def config_changes(old: Config, new: Config) -> list[Change]:
+    """Every option that differs from ``old`` in ``new``, each with the ``reload=`` its
+    declaration carries.
+
+    A table without a mark of its own is compared option by option. So is a list of
+    tables whose length did not change (``listeners[0].acl_file`` reloads while
+    ``listeners[0].port`` does not); a list that grew or shrank counts as a change of
+    the list itself. An option that declares nothing needs a restart."""
+    out: list[Change] = []
+    _diff(old, new, (), None, out)
     return out
+
+
+def _diff(
+    old: object, new: object, loc: tuple[int | str, ...], mark: bool | None, out: list[Change]
+) -> None:
+    if old == new:
+        return
+    if isinstance(old, BaseModel) and type(old) is type(new):
+        if mark is None:
+            for name, field in type(old).model_fields.items():
+                _diff(
+                    getattr(old, name), getattr(new, name), (*loc, name), _reload_mark(field), out
+                )
+            return
+    elif (
+        isinstance(old, list)
+        and isinstance(new, list)
+        and len(old) == len(new)
+        and all(isinstance(item, BaseModel) for item in (*old, *new))
+    ):
+        for i, (before, after) in enumerate(zip(old, new, strict=True)):
+            _diff(before, after, (*loc, i), None, out)
+        return
+    out.append(Change(key_path(loc), bool(mark)))
