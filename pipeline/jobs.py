@@ -324,6 +324,10 @@ def _replace_quarantine(
     may have changed since), and takes the rows ``judged`` again. A renewed day is taken
     whole from ``judged``."""
     kept_days = sorted(window - renewed)
+    if not set(kept_days) & set(storage.partition_dates(layout.quarantine)):
+        # nothing to keep from before (a first run, or every day read is renewed)
+        replace_days(storage, judged, layout.quarantine, window, present)
+        return
     old = read_table(spark, layout.quarantine, QUARANTINE, kept_days, storage)
     judged_for = F.coalesce(F.col("day"), F.col("date"))  # tables from before `day`
     kept = old.where(~judged_for.isin(sorted(recomputed)))

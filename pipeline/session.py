@@ -76,6 +76,9 @@ def settings(master: str | None, conf: Mapping[str, str], fast_jvm: bool = False
         # A cached plan keeps its last shuffle's partition count (adaptive execution may not
         # coalesce it), and 200 near-empty tasks per stage dominate a small local run.
         out["spark.sql.shuffle.partitions"] = str(2 * cores)
+        # Landing files are read in about four splits per core (not the fewest 128 MiB
+        # splits): three splits on two cores leave one core idle for the last third.
+        out["spark.sql.files.minPartitionNum"] = str(4 * cores)
     java = [f"-Dlog4j2.configurationFile={LOG4J.as_uri()}"]
     if fast_jvm:
         java.append(FAST_JVM)

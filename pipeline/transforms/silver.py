@@ -425,9 +425,16 @@ def deduplicate(judged: DataFrame) -> DataFrame:
     content = ("_c_topic", "_c_payload", "_c_b64")
     # A hash completes the order cheaply; copies are told apart by the content itself.
     digest = F.xxhash64(*[F.concat(F.lit("<"), F.col(c)) for c in content])
-    in_order = Window.partitionBy(*group).orderBy("received", "file", digest)
-    everyone = Window.partitionBy(*group)
-    ranked = judged.select(
+    # The group's key and the digest as columns: both windows then partition by the same
+    # columns, and Spark shuffles and sorts the rows once for the two (with expressions,
+    # each window would shuffle every row again).
+    keys = [f"_g{i}" for i in range(len(group))]
+    keyed = judged.select(
+        "*", *[g.alias(k) for g, k in zip(group, keys, strict=True)], digest.alias("_digest")
+    )
+    in_order = Window.partitionBy(*keys).orderBy("received", "file", "_digest")
+    everyone = Window.partitionBy(*keys)
+    ranked = keyed.select(
         "*",
         F.row_number().over(in_order).alias("_rank"),
         *[F.first(c).over(in_order).alias(f"_first{c}") for c in content],
