@@ -4,13 +4,17 @@ PIPELINE_LINES ?= 250000 1000000 4000000
 FUZZ_SECONDS ?= 600
 MUTATE ?=
 
-.PHONY: run test bench bench-quick bench-serial bench-ble bench-bridge bench-metrics bench-flood bench-mqttsn crash-test pipeline-bench fuzz mutate
+.PHONY: run test provision-test bench bench-quick bench-serial bench-ble bench-bridge bench-metrics bench-flood bench-mqttsn crash-test pipeline-bench fuzz mutate
 
 run:            ## start the gateway on the embedded default config
 	scripts/run
 
 test:           ## the whole test suite (what CI runs)
 	scripts/test
+
+provision-test: ## the Ansible role against the image booted in qemu (~20 min; LEDGE_IMAGE=... reuses an image)
+	scripts/setup --test
+	.venv/bin/pytest -m provision tests/test_ansible_vm.py
 
 bench:          ## Ledge beside Mosquitto, all scenarios (~10 min)
 	scripts/bench

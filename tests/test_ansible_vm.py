@@ -7,8 +7,9 @@ converge (nothing changes), a reloadable change (SIGHUP, same process), a change
 needs a restart, a broken value (refused, the gateway keeps serving), an upgrade, and an
 upgrade to a build that cannot start (rolled back).
 
-Marked ``image``: the image builds in the background of the run (tests/support/imagebuild.py)
-and these run after it, with the image's own boot test.
+Marked ``provision`` (and ``image``): not in ``scripts/test`` (about 20 minutes of
+emulation); ``make provision-test`` runs them, building the image first
+(tests/support/imagebuild.py) unless ``LEDGE_IMAGE`` names one.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from tests.support.clients import Paho
 from tests.support.procs import REPO
 from tests.support.vm import SdCard, Vm, mqtt_answers, ssh_keypair
 
-pytestmark = [pytest.mark.image, pytest.mark.timeout(3600)]
+pytestmark = [pytest.mark.image, pytest.mark.provision, pytest.mark.timeout(3600)]
 
 BUILD_TIMEOUT = 45 * 60
 BOOT_TIMEOUT = 600.0
