@@ -32,6 +32,7 @@ from tests.support.ansible import ANSIBLE
 from tests.support.clients import Paho
 from tests.support.procs import REPO
 from tests.support.vm import SdCard, Vm, mqtt_answers, ssh_keypair
+from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.image, pytest.mark.provision, pytest.mark.timeout(3600)]
 
@@ -193,6 +194,13 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
         vm.start()
         seconds = vm.wait_connack("mqtt", BOOT_TIMEOUT)
         imagebuild.REPORT["ansible: VM power-on to CONNACK"] = f"{seconds:.1f} s"
+
+        # sshd may start after the gateway (its host keys are made on first boot): the
+        # controller's first connection must not race it.
+        def logged_in() -> bool:
+            return vm.ssh(key, "true", timeout=60, check=False).returncode == 0
+
+        wait_for(logged_in, BOOT_TIMEOUT, "SSH login with the key")
         yield Gateway(vm, key, work, wheels)
 
 
