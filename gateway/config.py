@@ -793,7 +793,7 @@ def config_changes(old: Config, new: Config) -> list[Change]:
     """Every option that differs from ``old`` in ``new``, each with the ``reload=`` its
     declaration carries.
 
-    A table without a mark of its own is compared option by option. So is a list of
+    A table not reloadable as a whole is compared option by option. So is a list of
     tables whose length did not change (``listeners[0].acl_file`` reloads while
     ``listeners[0].port`` does not); a list that grew or shrank counts as a change of
     the list itself. An option that declares nothing needs a restart."""
@@ -808,7 +808,9 @@ def _diff(
     if old == new:
         return
     if isinstance(old, BaseModel) and type(old) is type(new):
-        if mark is None:
+        # A table is compared option by option unless it is reloadable as a whole (a
+        # table's own field carries no reload=True: its options say what SIGHUP takes).
+        if not mark:
             for name, field in type(old).model_fields.items():
                 _diff(
                     getattr(old, name), getattr(new, name), (*loc, name), _reload_mark(field), out
