@@ -330,6 +330,8 @@ MQTTSN_METRICS: dict[str, tuple[str, dict[str, str]]] = {
     "clients/refused": ("ledge_mqttsn_clients_refused_total", {}),
     "clients/lost": ("ledge_mqttsn_clients_lost_total", {}),
     "clients/evicted": ("ledge_mqttsn_clients_evicted_total", {}),
+    "clients/evicted silent": ("ledge_mqttsn_clients_evicted_silent_total", {}),
+    "clients/refused per address": ("ledge_mqttsn_clients_refused_per_address_total", {}),
     "messages/received": ("ledge_mqttsn_packets_received_total", {}),
     "messages/sent": ("ledge_mqttsn_packets_sent_total", {}),
     "messages/malformed": ("ledge_mqttsn_packets_malformed_total", {}),
@@ -351,10 +353,18 @@ MQTTSN_METRICS: dict[str, tuple[str, dict[str, str]]] = {
 
 def mqttsn_world() -> tuple[SnHarness, MqttSnSource]:
     """The firmware bridge on a broker core: clients in each state, a malformed
-    datagram, a refused PUBLISH, QoS -1, and drops from a sleeping client's full queue."""
-    h = SnHarness(max_queued_messages=2, max_clients=3, predefined_topics={1: "p/one"})
+    datagram, a refused PUBLISH, QoS -1, drops from a sleeping client's full queue, a
+    client without keep-alive evicted and one refused for its address's limit."""
+    h = SnHarness(
+        max_queued_messages=2,
+        max_clients=3,
+        max_clients_per_address=1,
+        predefined_topics={1: "p/one"},
+    )
     mqtt = h.client(MQTT_311)
     mqtt.connect("pub")
+    h.device(("10.0.0.6", 5000)).connect("idle", duration=0)
+    h.advance(1)
     awake = h.device(("10.0.0.2", 5000))
     awake.connect("awake")
     awake.send_raw(b"\x03\x11\x00")  # malformed
@@ -367,10 +377,11 @@ def mqttsn_world() -> tuple[SnHarness, MqttSnSource]:
     for i in range(5):  # a queue of 2: three dropped as queue full
         mqtt.publish("n", str(i).encode())
     gone = h.device(("10.0.0.4", 5000))
-    gone.connect("gone", clean=False)
+    gone.connect("gone", clean=False)  # the pool is full: "idle" is evicted
     gone.send(SnDisconnect())
     gone.take()
     h.device(("10.0.0.5", 5000)).publish(1, b"m", qos=-1, id_type=TopicIdType.PREDEFINED)
+    h.device(("10.0.0.2", 5001)).connect("twin")  # a second client from 10.0.0.2: refused
     return h, MqttSnSource(h.gateway)
 
 
@@ -393,7 +404,10 @@ def test_every_mqttsn_sys_value_has_its_metric_with_the_same_value() -> None:
     assert v.get("ledge_mqttsn_packets_malformed_total") == 1
     assert v.get("ledge_mqttsn_messages_refused_total") == 1
     assert v.get("ledge_mqttsn_messages_qos_minus_one_total") == 1
-    assert v.get("ledge_mqttsn_connects_total") == 3
+    assert v.get("ledge_mqttsn_connects_total") == 4
+    assert v.get("ledge_mqttsn_clients_evicted_silent_total") == 1
+    assert v.get("ledge_mqttsn_clients_refused_per_address_total") == 1
+    assert v.get("ledge_mqttsn_clients_refused_total") == 1
     assert v.get("ledge_mqttsn_clients_limit") == 3
 
 

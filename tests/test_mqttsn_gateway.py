@@ -564,6 +564,103 @@ def test_the_longest_disconnected_remembered_session_makes_room() -> None:
     assert h.gateway.stats.clients_evicted == 1
 
 
+def test_a_client_without_keep_alive_is_lost_after_idle_timeout() -> None:
+    """Duration 0 turns the keep-alive off (5.4.4); the gateway still bounds how long
+    a silent client holds its slot: lost like an expired keep-alive, will published."""
+    h = SnHarness(idle_timeout=30)
+    w = watcher(h, "status/#")
+    dev = h.device()
+    dev.connect("dev1", duration=0, will=("status/dev1", b"gone", 1, False))
+    h.advance(20)
+    dev.send(PingReq())  # traffic restarts the idle clock
+    assert dev.expect(PingResp) == PingResp()
+    h.advance(20)
+    assert "dev1" in h.gateway.by_id and mqtt_messages(w) == []
+    h.advance(11)
+    assert "dev1" not in h.gateway.by_id
+    assert mqtt_messages(w) == [("status/dev1", b"gone", 1, False)]
+    assert h.gateway.stats.clients_lost == 1
+    dev.send(PingReq())
+    assert dev.expect(Disconnect) == Disconnect()
+
+
+def test_a_full_table_evicts_the_longest_silent_client_without_keep_alive() -> None:
+    """Policy "evict longest silent": a newcomer takes the slot of the Duration-0
+    client silent longest (its will published, DISCONNECT sent); clients with a
+    keep-alive and sleeping clients keep theirs through a flood of Duration-0 CONNECTs."""
+    h = SnHarness(max_clients=4)
+    w = watcher(h, "status/#")
+    kept = h.device(("10.0.0.2", 1))
+    kept.connect("kept", duration=60)
+    sleeper = h.device(("10.0.0.2", 2))
+    sleeper.connect("sleeper", duration=60)
+    sleeper.sleep(3600)
+    old = h.device(("10.0.0.3", 1))
+    old.connect("old", duration=0, will=("status/old", b"evicted", 0, False))
+    h.advance(1)
+    busy = h.device(("10.0.0.3", 2))
+    busy.connect("busy", duration=0)
+    h.advance(1)
+    newcomer = h.device(("10.0.0.4", 1))
+    assert newcomer.connect("newcomer", duration=0).return_code == ReturnCode.ACCEPTED
+    assert old.expect(Disconnect) == Disconnect()
+    assert mqtt_messages(w) == [("status/old", b"evicted", 0, False)]
+    assert set(h.gateway.by_id) == {"kept", "sleeper", "busy", "newcomer"}
+    assert h.gateway.stats.clients_evicted_silent == 1
+    assert h.gateway.stats.clients_lost == 0
+    h.advance(1)
+    busy.send(PingReq())  # busy spoke last: newcomer is now the longest silent
+    busy.take()
+    for i in range(1100):
+        flood = h.device((f"10.9.{i // 250}.{i % 250}", 10_000 + i))
+        assert flood.connect(f"flood{i}", duration=0).return_code == ReturnCode.ACCEPTED
+        if i % 20 == 0:
+            h.advance(1)
+            kept.send(PingReq())  # within its keep-alive: established
+            assert kept.expect(PingResp) == PingResp()
+    assert {"kept", "sleeper"} <= set(h.gateway.by_id)
+    assert len(h.gateway.by_id) == 4
+    assert h.gateway.stats.clients_evicted_silent == 1101
+    assert h.gateway.stats.clients_refused == 0
+    sleeper.wake("sleeper")
+    assert sleeper.expect(PingResp) == PingResp()
+
+
+def test_clients_per_address_are_bounded_and_forwarded_nodes_count_there() -> None:
+    h = SnHarness(max_clients_per_address=3, max_clients=50)
+    for port in range(3):
+        assert h.device(("10.1.1.1", port)).connect(f"a{port}").return_code == 0
+    fourth = h.device(("10.1.1.1", 99))
+    assert fourth.connect("a99").return_code == ReturnCode.CONGESTION
+    assert h.gateway.stats.clients_refused_per_address == 1
+    assert h.gateway.stats.clients_refused == 1
+    # A known client coming back from a new port replaces itself: not refused.
+    assert h.device(("10.1.1.1", 50)).connect("a0").return_code == ReturnCode.ACCEPTED
+    # Another IP is not affected.
+    assert h.device(("10.1.1.2", 0)).connect("b").return_code == ReturnCode.ACCEPTED
+    # Nodes behind one forwarder (5.5) share its address and its limit.
+    for n in range(3):
+        node = h.device(("10.2.2.2", 7), node_id=bytes((n,)))
+        assert node.connect(f"node{n}").return_code == ReturnCode.ACCEPTED
+    extra = h.device(("10.2.2.2", 7), node_id=b"\x09")
+    assert extra.connect("node9").return_code == ReturnCode.CONGESTION
+    assert h.gateway.stats.clients_refused_per_address == 2
+    # IPv6: a /64 counts as one address (one host has all of it to pick from).
+    for n in range(3):
+        assert h.device((f"2001:db8::{n + 1}", 1884, 0, 0)).connect(f"v6-{n}").return_code == 0
+    v6 = h.device(("2001:db8::ff:1", 1884, 0, 0))
+    assert v6.connect("v6-9").return_code == ReturnCode.CONGESTION
+    assert h.device(("2001:db8:0:1::1", 1884, 0, 0)).connect("v6-x").return_code == 0
+    assert h.gateway.stats.clients_refused_per_address == 3
+    # A serial line (one wired coordinator) is not limited per address.
+    for n in range(5):
+        node = h.device("uart0", transport="serial", node_id=bytes((n,)))
+        assert node.connect(f"serial{n}").return_code == ReturnCode.ACCEPTED
+    # Once one leaves, the address has room again.
+    h.device(("10.1.1.1", 1)).send(Disconnect())
+    assert fourth.connect("a99").return_code == ReturnCode.ACCEPTED
+
+
 def test_half_finished_connects_time_out_and_are_bounded() -> None:
     h = SnHarness(max_connecting=2, connect_timeout=5)
     for i in range(2):

@@ -354,6 +354,68 @@ def test_a_connect_flood_from_many_addresses_cannot_evict_devices(tmp_path: Path
         gw.proc.wait_log(r"refusing CONNECT of 'flood199': all 3 client slots in use")
 
 
+def _connect_from(s: socket.socket, client_id: str, port: int) -> bytes:
+    """A raw CONNECT (5.4.4) with Duration 0 (no keep-alive), CleanSession, no Will,
+    from ``s``: the CONNACK's bytes."""
+    s.settimeout(5)
+    cid = client_id.encode()
+    s.sendto(bytes((6 + len(cid), 0x04, 0x04, 0x01, 0x00, 0x00)) + cid, ("127.0.0.1", port))
+    reply, _ = s.recvfrom(16)
+    return reply
+
+
+def _socket_on(host: str) -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind((host, 0))
+    return s
+
+
+def test_a_flood_without_keep_alive_cannot_lock_out_new_devices(tmp_path: Path) -> None:
+    """1,100 CONNECTs with Duration 0 from many loopback addresses fill the default
+    1,024 slots; newcomers take the slots of the longest-silent of them, a device
+    connected before keeps working, and one address gets max_clients_per_address."""
+    with Gateway(tmp_path, extra="[http]\nenabled = true\nport = 0\n") as gw:
+        line = gw.proc.wait_log(r"listening on 127\.0\.0\.1:\d+ \(http\)")
+        http = int(line.rsplit(":", 1)[1].split()[0])
+        w = gw.watcher("alive/#")
+        steady = gw.client("steady", keep_alive=300)
+        steady.send_connect()
+        try:
+            accepted = b"\x03\x05\x00"
+            for i in range(1100):
+                with _socket_on(f"127.1.{i // 250}.{2 + i % 250}") as s:
+                    assert _connect_from(s, f"flood{i}", gw.sn_port) == accepted, i
+            gw.proc.wait_log(r"client 'flood0' at 127\.1\.0\.2:\d+ \(.*\) evicted for 'flood1023'")
+            # One address: max_clients_per_address (128) in, the rest refused: congestion.
+            # The sockets stay open: a port the kernel reused would be the same client.
+            sockets = [_socket_on("127.3.0.1") for _ in range(130)]
+            try:
+                replies = [_connect_from(s, f"one{i}", gw.sn_port) for i, s in enumerate(sockets)]
+            finally:
+                for s in sockets:
+                    s.close()
+            assert replies == [accepted] * 128 + [b"\x03\x05\x01"] * 2
+            gw.proc.wait_log(r"refusing CONNECT of 'one128': 128 clients from this address")
+            # A well-behaved newcomer (mqtt-sn-12's mqtt_sn_pub) connects and publishes.
+            out = sn_pub(gw.sn_port, "-i", "newcomer", "-t", "alive/new", "-m", "hi", "-q", "1")
+            assert out.returncode == 0, out.stdout + out.stderr
+            steady.send_publish("alive/steady", b"yes", 1)
+            got = w.wait_messages(2)
+            assert sorted((m.topic, m.payload) for m in got) == [
+                ("alive/new", b"hi"),
+                ("alive/steady", b"yes"),
+            ]
+            steady.send_disconnect()
+        finally:
+            steady.close()
+        w.disconnect()
+        m = scrape(http)
+        # 1,023 free slots, then 77 + 128 + 1 (newcomer) evictions.
+        assert m["ledge_mqttsn_clients_evicted_silent_total"] == 77 + 128 + 1
+        assert m["ledge_mqttsn_clients_refused_per_address_total"] == 2
+        assert m["ledge_mqttsn_clients_refused_total"] == 2
+
+
 @pytest.mark.skipif(not shutil.which("mosquitto_sub"), reason="Debian's mosquitto-clients")
 def test_mosquitto_sub_sees_a_device_publish(gw: Gateway) -> None:
     sub = subprocess.Popen(

@@ -788,6 +788,16 @@ class MqttSnSource:
             st.clients_evicted,
         )
         yield counter(
+            "ledge_mqttsn_clients_evicted_silent_total",
+            "Connected MQTT-SN clients without a keep-alive evicted for a newcomer (pool full).",
+            st.clients_evicted_silent,
+        )
+        yield counter(
+            "ledge_mqttsn_clients_refused_per_address_total",
+            "MQTT-SN CONNECTs refused: their source IP has mqttsn.max_clients_per_address.",
+            st.clients_refused_per_address,
+        )
+        yield counter(
             "ledge_mqttsn_packets_received_total",
             "MQTT-SN messages received.",
             st.messages_received,

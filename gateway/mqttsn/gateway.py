@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import TYPE_CHECKING, Final
 
+from gateway.broker.logins import address_key
 from gateway.broker.proxy import INVALID, NO_ROOM, NOT_AUTHORIZED, ProxyClient
 from gateway.broker.timers import Handle, Timers
 from gateway.mqtt.topics import has_wildcard, topic_name_error
@@ -195,6 +196,7 @@ class SnClient:
         "retries",
         "retry_timer",
         "sleep_duration",
+        "source",
         "state",
         "timer",
         "topic_ids",
@@ -206,8 +208,7 @@ class SnClient:
         self, gateway: Gateway, key: tuple[str, Address, bytes], client_id: str, now: float
     ) -> None:
         self.gateway = gateway
-        self.key = key
-        self.transport, self.address, self.node_id = key
+        self.move(key)
         self.client_id = client_id
         self.state = State.DISCONNECTED
         self.clean = True
@@ -232,6 +233,12 @@ class SnClient:
         self.holding = False
         #: Output to this client waits for this store batch (acknowledged means durable).
         self.held_batch = 0
+
+    def move(self, key: tuple[str, Address, bytes]) -> None:
+        """The client is at ``key`` now (a new source port, a new forwarder)."""
+        self.key = key
+        self.transport, self.address, self.node_id = key
+        self.source = _source(self.address)
 
     def __repr__(self) -> str:
         return f"SnClient({self.client_id!r}, {self.state.name}, {self.where})"
@@ -262,6 +269,10 @@ class SnStats:
     clients_refused: int = 0
     clients_lost: int = 0
     clients_evicted: int = 0
+    #: Connected clients without a keep-alive evicted for a newcomer (table full).
+    clients_evicted_silent: int = 0
+    #: CONNECTs refused because their source IP has ``max_clients_per_address``.
+    clients_refused_per_address: int = 0
     dropped_queue_full: int = 0
     dropped_topic_table: int = 0
     dropped_offline_qos0: int = 0
@@ -404,6 +415,8 @@ class Gateway:
             base + "clients/refused": str(st.clients_refused),
             base + "clients/lost": str(st.clients_lost),
             base + "clients/evicted": str(st.clients_evicted),
+            base + "clients/evicted silent": str(st.clients_evicted_silent),
+            base + "clients/refused per address": str(st.clients_refused_per_address),
             base + "messages/received": str(st.messages_received),
             base + "messages/sent": str(st.messages_sent),
             base + "messages/malformed": str(st.malformed),
@@ -452,6 +465,21 @@ class Gateway:
             log.warning("%s: refusing CONNECT of %r: %s", _where(key), cid, why)
             self._send_to(key, encode(ConnAck(code)))
             return
+        if self._address_full(key, cid):
+            st = self.stats
+            st.clients_refused += 1
+            st.clients_refused_per_address += 1
+            if _sparse(st.clients_refused_per_address):
+                log.warning(
+                    "%s: refusing CONNECT of %r: %d clients from this address already"
+                    " (mqttsn.max_clients_per_address; %d refused so far)",
+                    _where(key),
+                    cid,
+                    self.settings.max_clients_per_address,
+                    st.clients_refused_per_address,
+                )
+            self._send_to(key, encode(ConnAck(ReturnCode.CONGESTION)))
+            return
         self.stats.connects += 1
         existing = self.by_id.get(cid)
         client = self.by_key.get(key)
@@ -461,7 +489,7 @@ class Gateway:
         if existing is not None:
             client = self._resume(existing, key, packet, now)
         else:
-            if not self._make_room():
+            if not self._make_room(cid, now):
                 self.stats.clients_refused += 1
                 log.warning(
                     "%s: refusing CONNECT of %r: all %d client slots in use",
@@ -518,8 +546,7 @@ class Gateway:
                     "client %r moves from %s to %s", client.client_id, client.where, _where(key)
                 )
                 del self.by_key[client.key]
-            client.key = key
-            client.transport, client.address, client.node_id = key
+            client.move(key)
         self.by_key[key] = client
         sleeping = client.state in (State.ASLEEP, State.AWAKE)
         if packet.clean_session and not sleeping:
@@ -537,23 +564,74 @@ class Gateway:
         self._drop_queue(client)
         client.will = None
 
-    def _make_room(self) -> bool:
-        """A slot for a new client: free, or taken from the longest-disconnected
-        remembered session (policy "evict disconnected"); never from a connected or
-        sleeping client."""
+    def _address_full(self, key: tuple[str, Address, bytes], cid: str) -> bool:
+        """``max_clients_per_address`` clients already hold a connection from the source
+        of ``key`` (its IPv4 address or IPv6 /64, any port, any node behind a forwarder
+        there), not counting the client ``cid`` itself or the one at ``key`` (this
+        CONNECT replaces both). A serial line is one wired coordinator: not limited."""
+        source = _source(key[1])
+        if source is None:
+            return False
+        limit = self.settings.max_clients_per_address
+        count = 0
+        for other_key, client in self.by_key.items():
+            if client.source == source and other_key != key and client.client_id != cid:
+                count += 1
+                if count >= limit:
+                    return True
+        return False
+
+    def _make_room(self, cid: str, now: float) -> bool:
+        """A slot for the new client ``cid`` (policy "evict longest silent"): free, or
+        taken from the longest-disconnected remembered session, or else from the
+        connected client without a keep-alive (Duration 0) silent the longest. Never
+        from a client with a keep-alive or asleep: while it keeps to its Duration it
+        is established (6.11, 6.14) and its own timer ends it when it stops; nor from
+        one in the middle of its CONNECT (``max_connecting``, ``connect_timeout``)."""
         if len(self.by_id) < self.settings.max_clients:
             return True
-        oldest: SnClient | None = None
+        gone: SnClient | None = None
+        idle: SnClient | None = None
         for client in self.by_id.values():
-            if client.state is State.DISCONNECTED and (
-                oldest is None or client.last_rx < oldest.last_rx
+            if client.state is State.DISCONNECTED:
+                if gone is None or client.last_rx < gone.last_rx:
+                    gone = client
+            elif (
+                client.state is State.ACTIVE
+                and not client.duration
+                and (idle is None or client.last_rx < idle.last_rx)
             ):
-                oldest = client
-        if oldest is None:
+                idle = client
+        if gone is not None:
+            self.stats.clients_evicted += 1
+            if _sparse(self.stats.clients_evicted):
+                log.info(
+                    "forgetting the disconnected session of %r to make room (%d forgotten so far)",
+                    gone.client_id,
+                    self.stats.clients_evicted,
+                )
+            self._forget(gone, gone.last_rx)
+            return True
+        if idle is None:
             return False
-        self.stats.clients_evicted += 1
-        log.info("forgetting the disconnected session of %r to make room", oldest.client_id)
-        self._forget(oldest, oldest.last_rx)
+        st = self.stats
+        st.clients_evicted_silent += 1
+        if _sparse(st.clients_evicted_silent):
+            log.warning(
+                "client %r at %s evicted for %r: all %d client slots in use and it has no"
+                " keep alive and was silent for %.0f s (%d evicted so far)",
+                idle.client_id,
+                idle.where,
+                cid,
+                self.settings.max_clients,
+                now - idle.last_rx,
+                st.clients_evicted_silent,
+            )
+        # The gateway ends the connection: DISCONNECT tells the device (5.4.21), and
+        # its Will is published as for any connection ended without its DISCONNECT.
+        self._send(idle, Disconnect())
+        self._publish_will(idle, now)
+        self._forget(idle, now)
         return True
 
     def _accept(self, client: SnClient, now: float) -> None:
@@ -700,28 +778,34 @@ class Gateway:
 
     def _keepalive(self, client: SnClient, now: float) -> None:
         self.timers.cancel(client.timer)
-        client.timer = None
         if client.duration:
             due = now + client.duration * self.settings.keepalive_grace
-            client.timer = self.timers.at(due, _silence, client)
+        else:
+            # No keep-alive (Duration 0): the gateway's own bound, idle_timeout.
+            due = now + self.settings.idle_timeout
+        client.timer = self.timers.at(due, _silence, client)
 
     def _silence_timer(self, client: SnClient, now: float) -> None:
         """Keep alive (6.11) or the sleep duration (6.14) ran out without a word."""
         client.timer = None
         if self.by_id.get(client.client_id) is not client:
             return
-        if client.state is State.ACTIVE:
-            period = client.duration
+        grace = self.settings.keepalive_grace
+        if client.state is State.ACTIVE and client.duration:
+            due = client.last_rx + client.duration * grace
+            why = f"keep alive of {client.duration} s passed without a message"
+        elif client.state is State.ACTIVE:
+            due = client.last_rx + self.settings.idle_timeout
+            why = f"no keep alive and silent for {self.settings.idle_timeout:g} s (idle_timeout)"
         elif client.state in (State.ASLEEP, State.AWAKE):
-            period = client.sleep_duration
+            due = client.last_rx + client.sleep_duration * grace
+            why = f"sleep duration of {client.sleep_duration} s passed without a message"
         else:
             return
-        due = client.last_rx + period * self.settings.keepalive_grace
         if now < due:
             client.timer = self.timers.at(due, _silence, client)
             return
-        what = "keep alive" if client.state is State.ACTIVE else "sleep duration"
-        self._lost(client, now, f"{what} of {period} s passed without a message")
+        self._lost(client, now, why)
 
     def _pingreq(self, key: tuple[str, Address, bytes], packet: PingReq, now: float) -> None:
         client = self.by_key.get(key)
@@ -738,8 +822,7 @@ class Gateway:
                 if other is not None:
                     self._lost(other, now, f"address taken over by {named.client_id!r}", will=False)
                 self.by_key[key] = named
-                named.key = key
-                named.transport, named.address, named.node_id = key
+                named.move(key)
             client = named
         if client is None or client.state in (State.CONNECTING, State.DISCONNECTED):
             return self._not_connected(key, packet)
@@ -780,10 +863,14 @@ class Gateway:
         """The client is gone without a DISCONNECT: its will is published (6.11, 6.14)."""
         self.stats.clients_lost += 1
         log.info("client %r at %s lost: %s", client.client_id, client.where, reason)
-        if will and client.will is not None and client.proxy is not None:
+        if will:
+            self._publish_will(client, now)
+        self._end(client, now)
+
+    def _publish_will(self, client: SnClient, now: float) -> None:
+        if client.will is not None and client.proxy is not None:
             w = client.will
             client.proxy.publish_will(w.topic, w.message, w.qos, w.retain, now)
-        self._end(client, now)
 
     def _end(self, client: SnClient, now: float) -> None:
         """The connection ends: a clean session is forgotten, another is remembered."""
@@ -1367,6 +1454,21 @@ def _connect_deadline(client: SnClient, now: float) -> None:
 
 def _discard(msg: Message, qos: int, retain: bool, sub_ids: tuple[int, ...]) -> None:
     pass
+
+
+def _sparse(count: int) -> bool:
+    """Log the 1st, 2nd, 4th, 8th ... of a counted event: a flood stays readable."""
+    return count & (count - 1) == 0
+
+
+def _source(address: Address) -> str | None:
+    """What ``max_clients_per_address`` counts for a UDP ``(host, port, ...)``: the IPv4
+    address, or the IPv6 /64 (one host usually has a whole /64 to pick from), as the
+    broker's per-address limits count. ``None`` for a serial line (its name)."""
+    if not isinstance(address, tuple) or not address or not isinstance(address[0], str):
+        return None
+    host: str = address[0]
+    return address_key(f"[{host}]:0") if ":" in host else host
 
 
 def _address_text(address: Address) -> str:

@@ -55,8 +55,13 @@ class MqttSnSettings:
     advertise_interval: float = option(900.0, ge=0, le=65535)
     #: Topic id -> topic name, known to every client in advance.
     predefined_topics: dict[int, str] = option(factory=dict)
-    #: Connected, sleeping and remembered clients together.
+    #: Connected, sleeping and remembered clients together. When full, a new CONNECT
+    #: takes the slot of a remembered (disconnected) session or of the longest-silent
+    #: client without a keep-alive; clients with a keep-alive are never taken.
     max_clients: int = option(1024, ge=1, le=MAX_SLOTS)
+    #: Clients from one source IP (a forwarder's nodes included); more get CONNACK
+    #: "rejected: congestion". Serial lines are not limited by this.
+    max_clients_per_address: int = option(128, ge=1, le=MAX_SLOTS)
     #: Clients in the middle of their CONNECT (the Will prompts) at once.
     max_connecting: int = option(64, ge=1, le=MAX_SLOTS)
     #: Longest message accepted or sent (octets, Length included).
@@ -77,3 +82,5 @@ class MqttSnSettings:
     qos_minus_one: bool = option(True)
     #: A client silent for keep-alive x this (or sleep duration x this) is lost.
     keepalive_grace: float = option(1.5, ge=1.0, le=100.0)
+    #: A connected client without a keep-alive (Duration 0) silent this long is lost.
+    idle_timeout: float = option(3600.0, gt=0, le=DAY)
