@@ -77,10 +77,12 @@ class Running:
 
 
 def landed_lines(root: Path) -> list[dict[str, object]]:
-    """Every line landed so far, finished files and the open one."""
+    """Every line landed so far, finished files and the open one (whose last line may
+    be half written while we read: only lines ended by a newline count)."""
     out = []
     for path in sorted((root / "landing").rglob("*.jsonl")):
-        out += [json.loads(line) for line in path.read_text().splitlines()]
+        whole = path.read_text().rpartition("\n")[0]
+        out += [json.loads(line) for line in whole.splitlines()]
     return out
 
 
