@@ -151,6 +151,18 @@ def ruuvi(
     return {k: v for k, v in values.items() if v is not None}
 
 
+def _known_values(
+    parser: Any,
+    address: str,
+    service_data: Mapping[str, bytes],
+    manufacturer_data: Mapping[int, bytes],
+    name: str,
+) -> Values:
+    """What a sensor-state-data parser (govee-ble, inkbird-ble) reads from one advert."""
+    update = parser().update(service_info(address, service_data, manufacturer_data, name))
+    return {k: v for k, v in _values(update).items() if v is not None}
+
+
 def govee(
     address: str,
     service_data: Mapping[str, bytes],
@@ -160,10 +172,7 @@ def govee(
 ) -> Values:
     from govee_ble import GoveeBluetoothDeviceData
 
-    update = GoveeBluetoothDeviceData().update(
-        service_info(address, service_data, manufacturer_data, name)
-    )
-    return {k: v for k, v in _values(update).items() if v is not None}
+    return _known_values(GoveeBluetoothDeviceData, address, service_data, manufacturer_data, name)
 
 
 def inkbird(
@@ -175,10 +184,7 @@ def inkbird(
 ) -> Values:
     from inkbird_ble import INKBIRDBluetoothDeviceData
 
-    update = INKBIRDBluetoothDeviceData().update(
-        service_info(address, service_data, manufacturer_data, name)
-    )
-    return {k: v for k, v in _values(update).items() if v is not None}
+    return _known_values(INKBIRDBluetoothDeviceData, address, service_data, manufacturer_data, name)
 
 
 def switchbot(
