@@ -34,13 +34,13 @@ from datetime import date, timedelta
 from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipeline.config import PipelineConfig
 from pipeline.progress import Progress
-from pipeline.schema import CORRUPT, HEALTH, LANDING, QUARANTINE, READINGS
+from pipeline.schema import HEALTH, QUARANTINE, READINGS
 from pipeline.storage import Layout, Storage, partition_path
 from pipeline.transforms import gold as gold_t
 from pipeline.transforms import silver as silver_t
@@ -102,25 +102,14 @@ class State:
 
 
 def read_landing(spark: SparkSession, layout: Layout, days: Iterable[date]) -> DataFrame:
-    """The landing lines of ``days`` with ``file`` and ``landing_date`` (the partition)."""
+    """The landing lines of ``days`` (``silver.LINES``: each line's text, its file and
+    its landing day, the partition). Blank lines are skipped."""
     paths = [partition_path(layout.landing, d) for d in sorted(days)]
     if not paths:
-        empty = T.StructType(
-            [
-                *LANDING.fields,
-                T.StructField("file", T.StringType()),
-                T.StructField("landing_date", T.DateType()),
-            ]
-        )
-        return spark.createDataFrame([], empty)
-    lines = (
-        spark.read.schema(LANDING)
-        .option("columnNameOfCorruptRecord", CORRUPT)
-        .option("basePath", layout.landing)
-        .json(paths)
-    )
-    return lines.select(
-        *LANDING.fieldNames(),
+        return spark.createDataFrame([], silver_t.LINES)
+    lines = spark.read.option("basePath", layout.landing).text(paths)
+    return lines.where(F.col("value").rlike(r"\S")).select(
+        F.col("value").alias("line"),
         F.col("_metadata.file_path").alias("file"),
         F.col("date").alias("landing_date"),
     )
@@ -140,23 +129,41 @@ def read_table(
 # ------------------------------------------------------------------------------ writing
 
 
+@dataclass(frozen=True)
+class Written:
+    """What ``replace_days`` wrote: rows, the days that have rows, and ``extra`` (the
+    sums of the frame's ``observe`` columns, for callers that count more as it goes)."""
+
+    rows: int
+    days: set[date]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
 def replace_days(
-    storage: Storage, frame: DataFrame, table: str, days: set[date], present: set[date]
-) -> None:
+    storage: Storage,
+    frame: DataFrame,
+    table: str,
+    days: set[date],
+    observe: Iterable[Column] = (),
+) -> Written:
     """Make the ``days`` partitions of ``table`` exactly ``frame``'s rows of those days.
 
-    ``present`` are the days ``frame`` has rows for; other days keep their partitions."""
-    written = days & present
-    if written:
-        rows = frame.where(F.col("date").isin(sorted(written)))
-        rows.write.mode("overwrite").partitionBy("date").parquet(table)
+    One Spark job: the rows are counted, and the days that have rows seen, as they are
+    written (dynamic partition overwrite replaces those days); then a day of ``days``
+    without rows loses its partition. Other days keep theirs. ``observe``: more
+    aggregates computed in the same pass (``Written.extra``)."""
+    rows = frame.where(F.col("date").isin(sorted(days)))
+    seen = Observation()
+    rows = rows.observe(
+        seen, F.count(F.lit(1)).alias("rows"), F.collect_set("date").alias("days"), *observe
+    )
+    rows.write.mode("overwrite").partitionBy("date").parquet(table)
+    got = seen.get
+    present = set(got.pop("days") or [])
     for day in sorted(days - present):
         if storage.delete(partition_path(table, day)):
             log.info("%s: removed the now empty partition %s", table, day)
-
-
-def _present(frame: DataFrame) -> set[date]:
-    return {row["date"] for row in frame.select("date").distinct().collect()}
+    return Written(int(got.pop("rows") or 0), present, got)
 
 
 # ------------------------------------------------------------------------------- silver
@@ -218,38 +225,26 @@ def silver(
 
     plan = silver_t.stage(read_landing(spark, layout, window), cfg)
     in_scope = F.col("day").isin(sorted(recomputed)) | F.col("date").isin(sorted(renewed))
+    kind = F.col("kind")
+    dups = [F.sum(F.col("copies") - 1).alias("dups")]
     with Progress(spark, "silver", enabled=progress):
-        # One pass over the landing lines, kept on the executors and cut from its plan:
-        # the writes and counts below then plan against stored blocks, not against
-        # silver's large plan (seconds each). Losing a block fails the run; running it
-        # again is harmless.
-        staged = plan.select("*", in_scope.alias("in_scope")).localCheckpoint(
-            eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK
-        )
+        # One pass over the landing lines: the first write computes every row and keeps
+        # them (memory, then disk) for the other writes and the reasons. Losing a block
+        # recomputes it.
+        staged = plan.select("*", in_scope.alias("in_scope")).persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            counts = (
-                staged.groupBy("kind", "date", "in_scope")
-                .agg(F.count("*").alias("n"), F.sum(F.col("copies") - 1).alias("dups"))
-                .collect()
+            seen = Observation()
+            counted = staged.observe(
+                seen,
+                *[
+                    F.count_if(F.col("in_scope") & (kind == k)).alias(k)
+                    for k in (silver_t.QUARANTINED, silver_t.IGNORED)
+                ],
             )
-            present: dict[str, set[date]] = {}
-            for row in counts:
-                if row["kind"] != silver_t.QUARANTINED or row["in_scope"]:
-                    present.setdefault(row["kind"], set()).add(row["date"])
-            replace_days(
-                storage,
-                silver_t.readings(staged),
-                layout.readings,
-                recomputed,
-                present.get(silver_t.READING, set()),
+            readings = replace_days(
+                storage, silver_t.readings(counted), layout.readings, recomputed, dups
             )
-            replace_days(
-                storage,
-                silver_t.health(staged),
-                layout.health,
-                recomputed,
-                present.get(silver_t.HEALTH_REPORT, set()),
-            )
+            health = replace_days(storage, silver_t.health(staged), layout.health, recomputed, dups)
             _replace_quarantine(
                 spark,
                 storage,
@@ -258,34 +253,26 @@ def silver(
                 recomputed,
                 set(window),
                 renewed,
-                present.get(silver_t.QUARANTINED, set()),
             )
             reasons = (
-                staged.where((F.col("kind") == silver_t.QUARANTINED) & F.col("in_scope"))
+                staged.where((kind == silver_t.QUARANTINED) & F.col("in_scope"))
                 .groupBy("reason")
                 .count()
                 .orderBy(F.desc("count"), "reason")
                 .limit(20)
                 .collect()
             )
+            totals = seen.get
         finally:
             staged.unpersist()
 
-    def total(kind: str, days_of: set[date] | None, column: str = "n") -> int:
-        return sum(
-            int(r[column] or 0)
-            for r in counts
-            if r["kind"] == kind and (r["in_scope"] if days_of is None else r["date"] in days_of)
-        )
-
-    accepted = (silver_t.READING, silver_t.HEALTH_REPORT)
     result = SilverResult(
         days=sorted(recomputed),
-        readings=total(silver_t.READING, recomputed),
-        health=total(silver_t.HEALTH_REPORT, recomputed),
-        quarantined=total(silver_t.QUARANTINED, None),
-        ignored=total(silver_t.IGNORED, None),
-        duplicates=sum(total(k, recomputed, "dups") for k in accepted),
+        readings=readings.rows,
+        health=health.rows,
+        quarantined=int(totals[silver_t.QUARANTINED] or 0),
+        ignored=int(totals[silver_t.IGNORED] or 0),
+        duplicates=int(readings.extra["dups"] or 0) + int(health.extra["dups"] or 0),
         reasons={r["reason"]: int(r["count"]) for r in reasons},
     )
     log.info(
@@ -315,7 +302,6 @@ def _replace_quarantine(
     recomputed: set[date],
     window: set[date],
     renewed: set[date],
-    present: set[date],
 ) -> None:
     """Rewrite the quarantine partitions of the landing days read (``window``).
 
@@ -326,17 +312,14 @@ def _replace_quarantine(
     kept_days = sorted(window - renewed)
     if not set(kept_days) & set(storage.partition_dates(layout.quarantine)):
         # nothing to keep from before (a first run, or every day read is renewed)
-        replace_days(storage, judged, layout.quarantine, window, present)
+        replace_days(storage, judged, layout.quarantine, window)
         return
     old = read_table(spark, layout.quarantine, QUARANTINE, kept_days, storage)
     judged_for = F.coalesce(F.col("day"), F.col("date"))  # tables from before `day`
     kept = old.where(~judged_for.isin(sorted(recomputed)))
     # Cut from the files it came from: the write below replaces them.
     kept = kept.localCheckpoint(eager=True)
-    kept_present = {r["date"] for r in kept.select("date").distinct().collect()}
-    replace_days(
-        storage, judged.unionByName(kept), layout.quarantine, window, present | kept_present
-    )
+    replace_days(storage, judged.unionByName(kept), layout.quarantine, window)
 
 
 # --------------------------------------------------------------------------------- gold
@@ -390,16 +373,7 @@ def gold(
     rows: dict[str, int] = {}
     with Progress(spark, "gold", enabled=progress):
         for name, frame in frames.items():
-            kept = frame.where(F.col("date").isin(sorted(todo))).persist(
-                StorageLevel.MEMORY_AND_DISK
-            )
-            try:
-                per_day = kept.groupBy("date").count().collect()
-                present = {r["date"] for r in per_day}
-                rows[name] = sum(int(r["count"]) for r in per_day)
-                replace_days(storage, kept, layout.gold(name), todo, present)
-            finally:
-                kept.unpersist()
+            rows[name] = replace_days(storage, frame, layout.gold(name), todo).rows
     log.info("gold: %s", ", ".join(f"{n} {name} rows" for name, n in rows.items()))
     state = State.load(storage, layout)
     state.gold_pending -= todo

@@ -37,27 +37,6 @@ def conform(frame: DataFrame, schema: T.StructType) -> DataFrame:
     return frame.select(*[F.col(f.name).cast(f.dataType) for f in schema.fields])
 
 
-#: One line of a landing file, as the lander writes it (JSON Lines). ``payload`` is the
-#: payload as text when it is UTF-8, else ``payload_base64``; ``gateway`` and ``seq`` are
-#: the bridge's MQTT 5 user properties as received (absent for 3.1.1 envelopes, which
-#: silver opens); ``received`` is the lander's receive time, ISO 8601 in UTC.
-LANDING_COLUMNS: Final[dict[str, str]] = {
-    "topic": "string",
-    "payload": "string",
-    "payload_base64": "string",
-    "qos": "int",
-    "retain": "boolean",
-    "gateway": "string",
-    "seq": "string",
-    "received": "string",
-}
-#: Where the JSON reader puts a line it cannot read (silver quarantines it).
-CORRUPT: Final = "_corrupt"
-#: The schema landing files are read with: every field as text (silver casts them). With
-#: typed fields, whether a line counts as corrupt would depend on which columns a query
-#: uses (the reader parses only those), so a reason could change with the query.
-LANDING: Final = struct({**dict.fromkeys(LANDING_COLUMNS, "string"), CORRUPT: "string"})
-
 #: Silver columns every stored message carries besides its own (the bridge's marks...).
 MESSAGE_COLUMNS: Final[dict[str, str]] = {
     "bridge": "string",  # the gateway id the bridge marked the message with

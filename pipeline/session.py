@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Final
@@ -34,6 +35,9 @@ DEFAULTS: Final[dict[str, str]] = {
 }
 #: A JVM that starts fast (for tests and short runs): C1 compiler only, serial GC.
 FAST_JVM: Final = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+#: The collector of a local run (``--conf spark.driver.extraJavaOptions`` naming
+#: another one replaces it).
+THROUGHPUT_GC: Final = "-XX:+UseParallelGC"
 LOG4J: Final = Path(__file__).with_name("log4j2.properties")
 
 
@@ -80,9 +84,13 @@ def settings(master: str | None, conf: Mapping[str, str], fast_jvm: bool = False
         # splits): three splits on two cores leave one core idle for the last third.
         out["spark.sql.files.minPartitionNum"] = str(4 * cores)
     java = [f"-Dlog4j2.configurationFile={LOG4J.as_uri()}"]
+    user_java = conf.get("spark.driver.extraJavaOptions", "")
     if fast_jvm:
         java.append(FAST_JVM)
-    user_java = conf.get("spark.driver.extraJavaOptions")
+    elif cores and not re.search(r"-XX:[+-]Use\w+GC", user_java):
+        # A batch job in one JVM: the throughput collector. On two cores G1's concurrent
+        # work costs a run about a seventh of its time (measured: 37.6 s against 43.7 s).
+        java.append(THROUGHPUT_GC)
     if user_java:
         java.append(user_java)
     out["spark.driver.extraJavaOptions"] = " ".join(java)
@@ -98,7 +106,13 @@ def build(
 ) -> SparkSession:
     """A SparkSession with the pipeline's settings (see the module docstring)."""
     builder = SparkSession.builder.appName(app_name)
-    for key, value in settings(master, conf or {}, fast_jvm).items():
+    chosen = settings(master, conf or {}, fast_jvm)
+    if local_cores(chosen.get("spark.master", "")) and "spark.pyspark.python" not in chosen:
+        # Silver's rules run in Python workers: in-process, this interpreter with the
+        # pipeline's packages (on a cluster, the operator names the executors' Python
+        # with PYSPARK_PYTHON or spark.pyspark.python). PySpark reads the variable.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    for key, value in chosen.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")

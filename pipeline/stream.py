@@ -21,19 +21,17 @@ from dataclasses import dataclass, field
 from datetime import date
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import types as T
 
 from pipeline import jobs
 from pipeline.config import PipelineConfig
-from pipeline.schema import CORRUPT, LANDING
+from pipeline.schema import struct
 from pipeline.storage import Layout, Storage
 
 log = logging.getLogger(__name__)
 
-#: The landing schema plus the partition columns the file source fills from the paths.
-STREAM_SOURCE = T.StructType(
-    [*LANDING.fields, T.StructField("date", T.DateType()), T.StructField("hour", T.IntegerType())]
-)
+#: Landing lines as text, plus the partition columns the file source fills from the paths
+#: (only the landing days are read here: the batch job reads the lines).
+STREAM_SOURCE = struct({"value": "string", "date": "date", "hour": "int"})
 
 
 @dataclass
@@ -55,9 +53,8 @@ def stream(
     result = StreamResult()
     source = (
         spark.readStream.schema(STREAM_SOURCE)
-        .option("columnNameOfCorruptRecord", CORRUPT)
         .option("maxFilesPerTrigger", max_files_per_trigger)
-        .json(layout.landing)
+        .text(layout.landing)
     )
 
     def batch(frame: DataFrame, batch_id: int) -> None:

@@ -10,6 +10,7 @@ import json
 import threading
 from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import aiomqtt
@@ -104,8 +105,11 @@ def test_a_crash_before_the_ack_redelivers_and_silver_counts_each_once(
     first = Running(crashing)  # the persistent session exists from here on
     pub = Paho(mosquitto.port, "bridge-standin").connect()
     count = 40
+    # measured now: the lander stamps its receive time with the clock, and silver
+    # quarantines what arrives beyond the late-data horizon
+    now = datetime.now(UTC).isoformat().encode()
     for seq in range(1, count + 1):
-        payload = b'{"value":%d,"unit":"","timestamp":"2026-11-21T10:00:00Z"}' % seq
+        payload = b'{"value":%d,"unit":"","timestamp":"%s"}' % (seq, now)
         pub.publish(f"ledge/gw1/serial/env/n{seq % 3}", payload, 1, properties=marks("gw1", seq))
     pub.disconnect()
     first.thread.join(10)

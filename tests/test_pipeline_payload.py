@@ -1,15 +1,15 @@
 """Silver's payload rule against the contract: ``drivers.model.reading_from_message`` and
-silver's Spark expressions run on the same generated payloads and must agree on every one
-(accepted or not; if accepted, the same value, text, unit, timestamp and metadata).
+silver run on the same generated payloads and must agree on every one (accepted or not;
+if accepted, the same value, text, unit, timestamp and metadata).
 
 Hypothesis draws whole batches (one Spark job judges a batch): JSON bodies of every
 shape, written in every JSON style, then damaged (trailing text of every kind, cut,
 prefixed), timestamps from CPython 3.11's ``fromisoformat`` grammar and its quirks, and
 arbitrary text. Also through an MQTT 3.1.1 bridge's envelope (``open_envelope``).
 
-What silver deliberately does not follow (see ``pipeline.transforms.payload``) is left out
-of the draw and checked on its own: UTF-16/32 payloads, integers beyond a double, NUL in
-a timestamp, lone surrogates.
+What silver refuses beyond the contract (see ``pipeline.transforms.judge``) is part of
+the oracle and checked on its own too: integers beyond a double, text values and units
+holding a lone surrogate (Parquet stores UTF-8).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from pyspark.sql import functions as F
 from drivers.model import envelope, open_envelope, reading_from_message
 from pipeline.config import PipelineConfig
 from pipeline.transforms import silver
+from pipeline.transforms.judge import storable
 from tests.test_pipeline_transforms import frame, line
 
 CFG = PipelineConfig(horizon_days=10**7)  # every timestamp in reach: the payload rule alone
@@ -189,15 +190,6 @@ def payload_text(draw: st.DrawFn) -> str:
 # ----------------------------------------------------------------------------- the oracle
 
 
-def excluded(payload: bytes) -> bool:
-    """What silver deliberately reads otherwise (module doc of pipeline.transforms.payload)."""
-    head = payload[:4]
-    utf16_32 = (len(payload) >= 4 and (head[0] == 0 or head[1] == 0)) or (
-        len(payload) == 2 and 0 in payload
-    )
-    return utf16_32 or payload.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\\ud" in payload.lower()
-
-
 def contract(topic: str, payload: bytes) -> dict[str, Any] | None:
     """What silver must store for this message, or None when the contract refuses it."""
     try:
@@ -207,6 +199,8 @@ def contract(topic: str, payload: bytes) -> dict[str, Any] | None:
     value = reading.value
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 1.7e308:
         return None  # stored values are doubles: silver quarantines it as not finite
+    if not storable(reading.unit) or (isinstance(value, str) and not storable(value)):
+        return None  # a lone surrogate: Parquet stores UTF-8
     return {
         "value": None if isinstance(value, str) else float(value),
         "text": ("true" if value else "false") if isinstance(value, bool) else (
@@ -279,9 +273,7 @@ def drawn(strategy: st.SearchStrategy[str]) -> list[bytes]:
     )
     @given(strategy)
     def collect(text: str) -> None:
-        payload = text.encode("utf-8", "surrogatepass")
-        if not excluded(payload):
-            out.append(payload)
+        out.append(text.encode("utf-8", "surrogatepass"))
 
     collect()
     return out
@@ -321,12 +313,24 @@ KNOWN = [
 ]  # fmt: skip
 
 
-#: The documented exceptions: refused by silver (the contract may accept them), with a
+#: Payloads json.loads reads from bytes that are not UTF-8 text, NUL characters, lone
+#: surrogates: the contract decides on these too.
+KNOWN_BYTES = [
+    json.dumps({"value": 1, "timestamp": "2026-11-21T10:00:00Z"}).encode(enc)
+    for enc in ("utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le", "utf-32-be")
+] + [
+    b'{"value":1,"timestamp":"2026-11-21T10:00:00Z\\u0000"}',
+    b'{"value":"\\u0000","unit":"\\u0000","timestamp":"2026-11-21T10:00:00Z"}',
+    b'{"value":1,"timestamp":"2026-11-21T10:00:00Z","metadata":{"\\ud800":"\\udc00"}}',
+    b'{"value":1,"timestamp":"2026-11-21T10:00:00Z","extra":"\\ud800"}',
+    "\ufeff".encode() + GOOD.encode(),
+]
+#: The documented exceptions: refused by silver (the contract accepts them), with a
 #: reason, never dropped.
 OTHERWISE = [
     ('{"value":1' + "0" * 400 + ',"timestamp":"2026-11-21T10:00:00Z"}').encode(),  # > double
-    b'{"value":1,"timestamp":"2026-11-21T10:00:00Z\\u0000"}',  # NUL in the timestamp
-    json.dumps({"value": 1, "timestamp": "2026-11-21T10:00:00Z"}).encode("utf-16"),
+    b'{"value":"\\ud800","timestamp":"2026-11-21T10:00:00Z"}',  # a lone surrogate
+    b'{"value":1,"unit":"a\\udfff","timestamp":"2026-11-21T10:00:00Z"}',
 ]
 Judged = tuple[dict[int, dict[str, Any]], dict[str, dict[int, Case]]]
 
@@ -338,7 +342,7 @@ def judged(spark: SparkSession) -> Judged:
     groups: dict[str, list[Case]] = {
         "drawn": [(p, False) for p in drawn(payload_text())],
         "enveloped": [(p, True) for p in drawn(payload_text())],
-        "known": [(p.encode(), False) for p in KNOWN],
+        "known": [(p.encode(), False) for p in KNOWN] + [(p, False) for p in KNOWN_BYTES],
         "otherwise": [(p, False) for p in OTHERWISE],
     }
     rows: list[dict[str, Any]] = []
@@ -374,7 +378,9 @@ def test_silver_judges_every_payload_as_the_contract_does(judged: Judged, group:
 def test_what_silver_reads_otherwise_is_quarantined_not_lost(judged: Judged) -> None:
     got, cases = judged
     rows = [got[seq] for seq in cases["otherwise"]]
+    for payload in OTHERWISE:  # what the contract makes of them
+        reading_from_message(TOPIC, payload)
     assert [r["kind"] for r in rows] == ["quarantine"] * 3
     assert rows[0]["reason"] == "value must be finite"
-    assert rows[1]["reason"].startswith("timestamp '2026-11-21T10:00:00Z")
-    assert rows[2]["reason"] == "payload is not JSON (not UTF-8 text)"
+    assert rows[1]["reason"].startswith("value is text with a lone surrogate")
+    assert rows[2]["reason"].startswith("unit is text with a lone surrogate")

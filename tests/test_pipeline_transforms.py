@@ -7,12 +7,12 @@ Ledge bridge really sends.
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import types as T
 
 from drivers.model import (
     Health,
@@ -24,19 +24,12 @@ from drivers.model import (
     reading_topic,
 )
 from pipeline.config import PipelineConfig
-from pipeline.records import landing_record
-from pipeline.schema import LANDING, READINGS
+from pipeline.records import landing_line
+from pipeline.schema import READINGS
 from pipeline.transforms import gold, silver
 
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
 CFG = PipelineConfig()
-LINES = T.StructType(
-    [
-        *LANDING.fields,
-        T.StructField("file", T.StringType()),
-        T.StructField("landing_date", T.DateType()),
-    ]
-)
 
 
 def reading(value: float | bool | str = 21.5, at: datetime = T0, **kw: Any) -> Reading:
@@ -58,13 +51,19 @@ def line(
     gateway: str | None = "gw1",
     file: str = "f1",
 ) -> dict[str, Any]:
-    rec = landing_record(
+    text = landing_line(
         topic, payload, 1, False, gateway if seq is not None else None,
         None if seq is None else str(seq), received,
     )  # fmt: skip
-    return {**{k: None if v is None else str(v).lower() if isinstance(v, bool) else str(v)
-               for k, v in rec.items()},
-            "file": file, "landing_date": received.date()}  # fmt: skip
+    return {"line": text.rstrip("\n"), "file": file, "landing_date": received.date()}
+
+
+def edited(row: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """``row`` with fields of its landing record replaced (None: removed)."""
+    record = json.loads(row["line"])
+    record.update(fields)
+    kept = {k: v for k, v in record.items() if v is not None}
+    return {**row, "line": json.dumps(kept, ensure_ascii=False)}
 
 
 def of_reading(r: Reading, seq: int, received: datetime | None = None, **kw: Any) -> dict[str, Any]:
@@ -73,7 +72,7 @@ def of_reading(r: Reading, seq: int, received: datetime | None = None, **kw: Any
 
 def frame(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
     return spark.createDataFrame(
-        [{f.name: r.get(f.name) for f in LINES.fields} for r in rows], LINES
+        [{f.name: r.get(f.name) for f in silver.LINES.fields} for r in rows], silver.LINES
     )
 
 
@@ -140,9 +139,9 @@ def staged(spark: SparkSession) -> dict[tuple[str | None, int | None], list[dict
         of_reading(reading(at=TOO_OLD), 400, T0),
         of_reading(reading(at=EDGE), 401, T0),
         # no marks, a bad mark, an unreadable line
-        of_reading(r, 500, T0) | {"gateway": None, "seq": None},
-        of_reading(r, 501, T0) | {"seq": "x2"},
-        {"_corrupt": "not a record", "file": "f", "landing_date": T0.date()},
+        edited(of_reading(r, 500, T0), gateway=None, seq=None),
+        edited(of_reading(r, 501, T0), seq="x2"),
+        {"line": "not a record", "file": "f", "landing_date": T0.date()},
         *[line(topic, payload, 100 + i, T0) for i, (topic, payload, _) in enumerate(MALFORMED)],
     ]
     out: dict[tuple[str | None, int | None], list[dict[str, Any]]] = {}
