@@ -11,7 +11,7 @@ kept under ``--dir`` for the next run), then in one run:
   (DuckDB starts in microseconds);
 
 and prints the ratio. The Spark run keeps an event log; from it the report shows that
-silver scans each landing line once (the stages that read landing JSON and the lines
+silver scans each landing line once (the stages that read landing files and the lines
 they read) and the slowest stages. Load on the machine is printed beside each run
 (two cores shared with other jobs make single runs noisy: repeat with ``--repeat``).
 Needs the ``pipeline-bench`` extra.
@@ -134,7 +134,7 @@ def spark_run(landing_dir: Path, root: Path, master: str, conf: Sequence[str]) -
 
 
 def read_events(path: Path) -> tuple[int, int, list[tuple[float, str]]]:
-    """(stages that read landing JSON, landing lines they read, slowest stages)."""
+    """(stages that read landing files, landing lines they read, slowest stages)."""
     scans = lines = 0
     stages: list[tuple[float, str]] = []
     parts = sorted(path.glob("events_*")) if path.is_dir() else [path]
@@ -147,7 +147,7 @@ def read_events(path: Path) -> tuple[int, int, list[tuple[float, str]]]:
             scopes = " ".join(r.get("Scope", "") for r in info.get("RDD Info", []))
             took = (info.get("Completion Time", 0) - info.get("Submission Time", 0)) / 1000
             stages.append((took, f"stage {info['Stage ID']}: {info['Stage Name'][:60]}"))
-            if "Scan json" in scopes:
+            if "Scan text" in scopes:
                 scans += 1
                 lines += sum(
                     int(a.get("Value", 0))

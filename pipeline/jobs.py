@@ -50,6 +50,11 @@ DAY = timedelta(days=1)
 
 #: Gold tables and how each is computed from (readings, readings with the day before, health).
 GOLD_TABLES = ("sensor_minute", "sensor_hour", "gaps", "health")
+#: The columns of silver readings gold reads.
+GOLD_COLUMNS = (
+    *gold_t.SENSOR, "unit", "value", "timestamp", "received", "seq", "copies", "implausible",
+    "date",
+)  # fmt: skip
 
 
 def days_between(first: date, last: date) -> list[date]:
@@ -366,14 +371,22 @@ def gold(
         return GoldResult([])
     log.info("gold: recomputing %s", span(todo))
     day_before = min(todo) - DAY
-    readings_ext = read_table(spark, layout.readings, READINGS, todo | {day_before}, storage)
+    # Read once for the four tables: the columns gold uses, kept in memory (then disk).
+    readings_ext = (
+        read_table(spark, layout.readings, READINGS, todo | {day_before}, storage)
+        .select(*GOLD_COLUMNS)
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
     readings = readings_ext.where(F.col("date").isin(sorted(todo)))
     health = read_table(spark, layout.health, HEALTH, todo, storage)
     frames = gold_frames(readings, readings_ext, health, cfg)
     rows: dict[str, int] = {}
     with Progress(spark, "gold", enabled=progress):
-        for name, frame in frames.items():
-            rows[name] = replace_days(storage, frame, layout.gold(name), todo).rows
+        try:
+            for name, frame in frames.items():
+                rows[name] = replace_days(storage, frame, layout.gold(name), todo).rows
+        finally:
+            readings_ext.unpersist()
     log.info("gold: %s", ", ".join(f"{n} {name} rows" for name, n in rows.items()))
     state = State.load(storage, layout)
     state.gold_pending -= todo

@@ -83,6 +83,9 @@ def settings(master: str | None, conf: Mapping[str, str], fast_jvm: bool = False
         # Landing files are read in about four splits per core (not the fewest 128 MiB
         # splits): three splits on two cores leave one core idle for the last third.
         out["spark.sql.files.minPartitionNum"] = str(4 * cores)
+        # Silver keeps its rows for three writes in one process: uncompressed they are
+        # built and read back in two thirds of the time (a spill goes to local disk).
+        out["spark.sql.inMemoryColumnarStorage.compressed"] = "false"
     java = [f"-Dlog4j2.configurationFile={LOG4J.as_uri()}"]
     user_java = conf.get("spark.driver.extraJavaOptions", "")
     if fast_jvm:

@@ -187,6 +187,30 @@ def payload_text(draw: st.DrawFn) -> str:
     return text
 
 
+#: Number tokens, valid JSON and not, for payloads of the gateway's own shape.
+NUMBERS = st.one_of(
+    st.from_regex(r"\A-?(0|[1-9][0-9]{0,25})(\.[0-9]{1,20})?([eE][-+]?[0-9]{1,4})?\Z"),
+    st.sampled_from(["1e400", "-1e400", "1e-400", "1" + "0" * 400, "-0", "0.0", "01", "1.", ".5"]),
+    st.sampled_from(["NaN", "Infinity", "-Infinity", "+1", "1e", "0x10", "\u0661"]),
+)
+
+
+@st.composite
+def canonical_text(draw: st.DrawFn) -> str:
+    """The shape ``drivers.model.reading_payload`` writes, with every kind of value,
+    unit and timestamp text in it (silver judges this shape on a fast path)."""
+    value = draw(
+        st.one_of(
+            NUMBERS,
+            st.sampled_from(["true", "false", "null", "[1]", "{}"]),
+            st.text(max_size=6).map(lambda t: json.dumps(t, ensure_ascii=False)),
+        )
+    )
+    unit = json.dumps(draw(st.text(max_size=4)), ensure_ascii=draw(st.booleans()))
+    stamp = json.dumps(draw(timestamps), ensure_ascii=draw(st.booleans()))
+    return f'{{"value":{value},"unit":{unit},"timestamp":{stamp}}}'
+
+
 # ----------------------------------------------------------------------------- the oracle
 
 
@@ -342,6 +366,8 @@ def judged(spark: SparkSession) -> Judged:
     groups: dict[str, list[Case]] = {
         "drawn": [(p, False) for p in drawn(payload_text())],
         "enveloped": [(p, True) for p in drawn(payload_text())],
+        "canonical": [(p, False) for p in drawn(canonical_text())]
+        + [(p, True) for p in drawn(canonical_text())],
         "known": [(p.encode(), False) for p in KNOWN] + [(p, False) for p in KNOWN_BYTES],
         "otherwise": [(p, False) for p in OTHERWISE],
     }
@@ -365,10 +391,11 @@ def judged(spark: SparkSession) -> Judged:
     return got, numbered
 
 
-@pytest.mark.parametrize("group", ["drawn", "enveloped", "known"])
+@pytest.mark.parametrize("group", ["drawn", "enveloped", "canonical", "known"])
 def test_silver_judges_every_payload_as_the_contract_does(judged: Judged, group: str) -> None:
-    """Generated payloads, the same in envelopes, and the field's cases with every quirk
-    of fromisoformat found while writing the rule."""
+    """Generated payloads, the same in envelopes, payloads of the gateway's own shape
+    (judged on a fast path), and the field's cases with every quirk of fromisoformat
+    found while writing the rule."""
     got, cases = judged
     wrong = disagreements(got, cases[group])
     assert len(cases[group]) > 30

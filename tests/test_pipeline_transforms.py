@@ -8,6 +8,7 @@ Ledge bridge really sends.
 from __future__ import annotations
 
 import json
+import random
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
@@ -282,6 +283,34 @@ def test_gaps_longer_than_the_span_are_found_across_midnight(spark: SparkSession
     ]
     (gap,) = gold.gaps(silver_rows(spark, rows), PipelineConfig(gap=timedelta(minutes=5))).collect()
     assert (gap.seconds, gap.date) == (420.0, date(2026, 11, 22))
+
+
+def test_gaps_over_minutes_are_the_gaps_between_every_reading(spark: SparkSession) -> None:
+    """With a span of a minute or more gaps are found over per-minute rows: the same rows
+    as over every reading, for silences of every length, text readings and implausible
+    ones among them."""
+    rng = random.Random(7)
+    steps = (0.5, 1, 5, 30, 59, 60, 61, 119, 299, 300, 301, 600, 3600)
+    rows: list[dict[str, Any]] = []
+    at = T0
+    for i in range(600):
+        at += timedelta(seconds=rng.choice(steps) + rng.random() * (i % 2))
+        rows.append(
+            {
+                "timestamp": at,
+                "value": None if i % 4 == 0 else 1.0,
+                "text": "auto" if i % 4 == 0 else None,
+                "device": f"d{i % 3}",
+                "implausible": i % 17 == 0,
+            }
+        )
+    readings = silver_rows(spark, rows)
+    for span in (timedelta(minutes=1), timedelta(minutes=5), timedelta(minutes=10)):
+        cfg = PipelineConfig(gap=span)
+        by_minute = sorted(gold.gaps(readings, cfg, by_minute=True).collect())
+        every = sorted(gold.gaps(readings, cfg, by_minute=False).collect())
+        assert len(every) > 10
+        assert by_minute == every
 
 
 def test_fleet_health_counts_rate_lag_duplicates_and_reported_drops(spark: SparkSession) -> None:

@@ -7,6 +7,7 @@ the gateway's health but not in sensor aggregates or gaps (their time is not kno
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Final
 
 from pyspark.sql import Column, DataFrame, Window
@@ -39,18 +40,34 @@ def sensor_aggregates(readings: DataFrame, bucket: str) -> DataFrame:
     return conform(out, SENSOR_AGGREGATE)
 
 
-def gaps(readings: DataFrame, cfg: PipelineConfig) -> DataFrame:
+def gaps(readings: DataFrame, cfg: PipelineConfig, by_minute: bool | None = None) -> DataFrame:
     """Silences longer than ``cfg.gap`` between consecutive readings of one sensor.
 
     A gap belongs to the date of the reading that ends it; pass the day before the first
-    recomputed date too, so a silence across midnight is found."""
-    order = Window.partitionBy(*SENSOR).orderBy("timestamp", "seq")
+    recomputed date too, so a silence across midnight is found.
+
+    With a gap span of a minute or more (``by_minute``, the default then), two readings
+    in the same minute are never a gap: a silence can only end at a minute's first
+    reading and start at the last reading of the sensor's previous minute with readings.
+    So the consecutive pairs are taken over per-minute rows (first and last reading),
+    the same pairs as over every reading, from a fraction of the rows."""
     plausible = readings.where(~F.col("implausible"))
-    paired = plausible.select(
-        *SENSOR,
-        F.lag("timestamp").over(order).alias("start"),
-        F.col("timestamp").alias("end"),
-    )
+    if by_minute is None:
+        by_minute = cfg.gap >= timedelta(minutes=1)
+    if by_minute:
+        minutes = plausible.groupBy(*SENSOR, F.date_trunc("minute", "timestamp").alias("minute"))
+        bounds = minutes.agg(F.min("timestamp").alias("first"), F.max("timestamp").alias("last"))
+        order = Window.partitionBy(*SENSOR).orderBy("minute")
+        paired = bounds.select(
+            *SENSOR, F.lag("last").over(order).alias("start"), F.col("first").alias("end")
+        )
+    else:
+        order = Window.partitionBy(*SENSOR).orderBy("timestamp", "seq")
+        paired = plausible.select(
+            *SENSOR,
+            F.lag("timestamp").over(order).alias("start"),
+            F.col("timestamp").alias("end"),
+        )
     seconds = (F.unix_micros("end") - F.unix_micros("start")) / 1e6
     found = paired.where(seconds > cfg.gap.total_seconds()).select(
         *SENSOR, "start", "end", seconds.alias("seconds"), F.to_date("end").alias("date")
