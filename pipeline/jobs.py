@@ -27,13 +27,15 @@ backfilling any range, gives the same tables.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 from typing import Any
 
-from pyspark import StorageLevel
+from pyspark import StorageLevel, inheritable_thread_target
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -171,6 +173,16 @@ def replace_days(
     return Written(int(got.pop("rows") or 0), present, got)
 
 
+def together(spark: SparkSession, *work: Callable[[], Any]) -> list[Any]:
+    """Run independent Spark actions at once, each in its own thread (with the caller's
+    job group): one's planning and small stages overlap another's tasks, where one after
+    the other would leave cores idle. Their results in order; the first error is raised."""
+    with ThreadPoolExecutor(max_workers=len(work), thread_name_prefix="ledge-job") as pool:
+        inherit = inheritable_thread_target(spark)
+        futures = [pool.submit(inherit(fn)) for fn in work]
+        return [f.result() for f in futures]
+
+
 # ------------------------------------------------------------------------------- silver
 
 
@@ -246,26 +258,32 @@ def silver(
                     for k in (silver_t.QUARANTINED, silver_t.IGNORED)
                 ],
             )
+            # the readings first: their write computes and keeps every row
             readings = replace_days(
                 storage, silver_t.readings(counted), layout.readings, recomputed, dups
             )
-            health = replace_days(storage, silver_t.health(staged), layout.health, recomputed, dups)
-            _replace_quarantine(
+            health, _, reasons = together(
                 spark,
-                storage,
-                layout,
-                silver_t.quarantine(staged.where(F.col("in_scope"))),
-                recomputed,
-                set(window),
-                renewed,
-            )
-            reasons = (
-                staged.where((kind == silver_t.QUARANTINED) & F.col("in_scope"))
-                .groupBy("reason")
-                .count()
-                .orderBy(F.desc("count"), "reason")
-                .limit(20)
-                .collect()
+                lambda: replace_days(
+                    storage, silver_t.health(staged), layout.health, recomputed, dups
+                ),
+                lambda: _replace_quarantine(
+                    spark,
+                    storage,
+                    layout,
+                    silver_t.quarantine(staged.where(F.col("in_scope"))),
+                    recomputed,
+                    set(window),
+                    renewed,
+                ),
+                lambda: (
+                    staged.where((kind == silver_t.QUARANTINED) & F.col("in_scope"))
+                    .groupBy("reason")
+                    .count()
+                    .orderBy(F.desc("count"), "reason")
+                    .limit(20)
+                    .collect()
+                ),
             )
             totals = seen.get
         finally:
@@ -380,13 +398,17 @@ def gold(
     readings = readings_ext.where(F.col("date").isin(sorted(todo)))
     health = read_table(spark, layout.health, HEALTH, todo, storage)
     frames = gold_frames(readings, readings_ext, health, cfg)
-    rows: dict[str, int] = {}
     with Progress(spark, "gold", enabled=progress):
         try:
-            for name, frame in frames.items():
-                rows[name] = replace_days(storage, frame, layout.gold(name), todo).rows
+            # the first table reads and keeps the readings; the others then share them
+            write = [
+                functools.partial(replace_days, storage, frame, layout.gold(name), todo)
+                for name, frame in frames.items()
+            ]
+            written = [write[0](), *together(spark, *write[1:])]
         finally:
             readings_ext.unpersist()
+    rows = {name: w.rows for name, w in zip(frames, written, strict=True)}
     log.info("gold: %s", ", ".join(f"{n} {name} rows" for name, n in rows.items()))
     state = State.load(storage, layout)
     state.gold_pending -= todo

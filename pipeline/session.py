@@ -57,6 +57,15 @@ def local_cores(master: str) -> int:
     return os.cpu_count() or 1 if count == "*" else int(count)
 
 
+def local_memory() -> str:
+    """The JVM heap of a local run: a quarter of physical memory, 1 to 8 GiB."""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return "1g"
+    return f"{max(1, min(8, total // 4 // 2**30))}g"
+
+
 def parse_conf(pairs: Iterable[str]) -> dict[str, str]:
     """``["k=v", ...]`` from ``--conf`` into a dict; ValueError naming a bad pair."""
     conf: dict[str, str] = {}
@@ -86,6 +95,9 @@ def settings(master: str | None, conf: Mapping[str, str], fast_jvm: bool = False
         # Silver keeps its rows for three writes in one process: uncompressed they are
         # built and read back in two thirds of the time (a spill goes to local disk).
         out["spark.sql.inMemoryColumnarStorage.compressed"] = "false"
+        # The process is the whole cluster: a quarter of the machine's memory (Spark's
+        # 1 GiB default makes a 4M-line run sort and cache through the disk).
+        out["spark.driver.memory"] = local_memory()
     java = [f"-Dlog4j2.configurationFile={LOG4J.as_uri()}"]
     user_java = conf.get("spark.driver.extraJavaOptions", "")
     if fast_jvm:

@@ -82,9 +82,11 @@ def deduplicate(judged: DataFrame) -> DataFrame:
     (receive time, file, content), so the same input always keeps the same copy."""
     acceptable = F.col("kind").isin(READING, HEALTH_REPORT)
     marked = F.col("bridge").isNotNull() & F.col("seq").isNotNull()
+    # (the sequence number first: rows are sorted by the group's columns in this order, and
+    # a sort whose first column is nearly unique compares 8-byte prefixes, not rows)
     group = [
-        F.when(marked, F.col("bridge")),
         F.when(marked, F.col("seq")),
+        F.when(marked, F.col("bridge")),
         F.when(marked, acceptable),
         F.when(marked, F.when(acceptable, F.col("day")).otherwise(F.col("landing_date"))),
         # (unmarked lines are spread by file; each is kept on its own)
