@@ -5,7 +5,10 @@ marks (MQTT 5 user properties or an MQTT 3.1.1 envelope), the topic, the payload
 timestamp's plausibility and the late-data horizon. A reading's payload is judged by
 calling the contract itself, ``drivers.model.reading_from_message``: a payload is
 accepted exactly when the contract accepts it, and what is stored is what the contract
-read. Only when the contract refuses a message do the checks of ``reading_problem``
+read. The payload the gateway itself writes (``{"value":...,"unit":...,"timestamp":...}``)
+takes a fast path, ``canonical``, that accepts only what the contract certainly accepts,
+with the same values (the differential test runs both); anything else goes to the
+contract. Only when the contract refuses a message do the checks of ``reading_problem``
 run, to name the first problem in the order the contract meets them.
 
 Three refusals go beyond the contract, because silver stores what the contract returns
@@ -13,9 +16,9 @@ in Parquet and deduplicates by the topic's gateway: an integer value too large f
 double (``value must be finite``), text holding a lone surrogate (not storable as
 UTF-8), and a gateway level that is not a valid name (the contract does not read it).
 
-``Judge.line`` makes one row (a plain tuple in ``JUDGED`` order) per line; Spark calls
-it through ``arrow_batches`` on whole Arrow record batches (``mapInArrow``). Pure: no
-clock, no I/O.
+``Judge.line`` makes one row (a plain tuple: ``JUDGED``, then ``EXTRA``) per line; Spark
+calls it through ``arrow_judge``, an Arrow UDF, on batches of lines (no row is
+serialised on its own). Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -489,15 +492,26 @@ class Judge:
                 number = float(value)
             except OverflowError:  # an integer beyond a double
                 return _refused(landed, received, NOT_FINITE, marks=marks)
-        stamp = micros(stamp_at)
-        kind, reason, implausible, day = self._when(READING, stamp, received)
+        return self._accepted(
+            landed, received, marks, READING, micros(stamp_at), (number, text, unit), meta
+        )
+
+    def _accepted(
+        self, landed: tuple[Any, ...], received: int, marks: tuple[Any, ...], kind: str,
+        stamp: int, reading: tuple[Any, ...] = (None, None, None), meta: str | None = None,
+        counts: tuple[Any, ...] = (None, None, None),
+    ) -> Row:  # fmt: skip
+        """The row of a message the contract accepts: a reading's ``(value, text, unit)``
+        and metadata, or a health report's ``(dropped, queued, uptime)``, judged by its
+        timestamp (``_when``)."""
+        kind, reason, implausible, day = self._when(kind, stamp, received)
         bridge, seq, seq_text, envelope = marks
         opened, opened_b64 = envelope or (None, None)
         topic, qos, retain, payload, b64 = landed
         return (
-            topic, received, bridge, seq, kind, number, text, unit, stamp, implausible, day,
-            payload, qos, retain, True, _unusual(seq, seq_text), reason, meta, None, None,
-            None, b64, envelope is not None, opened, opened_b64,
+            topic, received, bridge, seq, kind, *reading, stamp, implausible, day, payload,
+            qos, retain, True, _unusual(seq, seq_text), reason, meta, *counts, b64,
+            envelope is not None, opened, opened_b64,
         )  # fmt: skip
 
     def _health(
@@ -515,18 +529,10 @@ class Judge:
             return _refused(landed, received, problem, marks=marks)
         stamp_at, _ = parse_time(body["timestamp"], "health timestamp")
         assert stamp_at is not None
-        stamp = micros(stamp_at)
-        uptime = float(body.get("uptime", 0.0))
-        kind, reason, implausible, day = self._when(HEALTH_REPORT, stamp, received)
-        bridge, seq, seq_text, envelope = marks
-        opened, opened_b64 = envelope or (None, None)
-        topic, qos, retain, payload, b64 = landed
-        return (
-            topic, received, bridge, seq, kind, None, None, None, stamp, implausible, day,
-            payload, qos, retain, True, _unusual(seq, seq_text), reason, None,
-            body["dropped"], body.get("queued", 0), uptime, b64, envelope is not None, opened,
-            opened_b64,
-        )  # fmt: skip
+        counts = (body["dropped"], body.get("queued", 0), float(body.get("uptime", 0.0)))
+        return self._accepted(
+            landed, received, marks, HEALTH_REPORT, micros(stamp_at), counts=counts
+        )
 
     def _when(self, kind: str, stamp: int, received: int) -> tuple[str, str | None, bool, int]:
         """An accepted message's plausibility, its silver day and the late-data horizon:
