@@ -89,8 +89,9 @@ def deduplicate(judged: DataFrame) -> DataFrame:
         F.when(marked, F.col("bridge")),
         F.when(marked, acceptable),
         F.when(marked, F.when(acceptable, F.col("day")).otherwise(F.col("landing_date"))),
-        # (unmarked lines are spread by file; each is kept on its own)
-        F.when(~marked, F.col("file")),
+        # (unmarked lines are never grouped, each is kept on its own: spread by their
+        # file, receive time and content, not gathered a whole file to a group)
+        F.when(~marked, F.xxhash64("file", "received", "topic", "payload")),
     ]
     content = ("topic", "payload", "_b64")  # the landing record's own
     # A hash completes the order cheaply; copies are told apart by the content itself.
