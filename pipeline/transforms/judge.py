@@ -571,6 +571,8 @@ def _refused(
     marks: tuple[Any, ...] = (None, None, None, None),
 ) -> Row:
     """A landing record that is quarantined (or ignored) as it arrived."""
+    if reason is not None and not storable(reason):  # it quotes text from the message
+        reason = reason.encode("utf-8", "backslashreplace").decode("utf-8")
     bridge, seq, seq_text, envelope = marks
     topic, qos, retain, payload, b64 = landed
     opened, opened_b64 = envelope or (None, None)
