@@ -60,6 +60,6 @@ mutate:         ## mutation testing (mutmut) of gateway/mqtt, gateway/broker, ga
 	.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[mutate]"
 	.venv/bin/python -m bench.mutate $(MUTATE)
 
-fuzz:           ## coverage-guided fuzzing of codec, codec hot paths, connection state machine, WebSocket reader, HTTP listener and firmware bridge, FUZZ_SECONDS per target
+fuzz:           ## coverage-guided fuzzing of codec, codec hot paths, connection state machine, WebSocket reader, HTTP listener, firmware bridge and the pipeline's landing-line judge, FUZZ_SECONDS per target
 	scripts/setup --test
 	.venv/bin/python -m fuzz --seconds $(FUZZ_SECONDS)

@@ -1,6 +1,6 @@
 """Coverage-guided fuzzing of the codec and the connection state machine (atheris).
 
-    python -m fuzz [--seconds N | --runs N] [--target codec|fastpath|session|websocket|http|all]
+    python -m fuzz [--seconds N | --runs N] [--target NAME|all]   (names: --help)
 
 Each target runs under libFuzzer in its own process, with its corpus in
 ``fuzz/corpus/<target>/`` (kept between runs, so each run starts where the last one
@@ -29,6 +29,7 @@ TARGET_NAMES = (
     "http",
     "mqttsn_codec",
     "mqttsn_gateway",
+    "landing_line",
 )
 DONE = re.compile(r"Done (\d+) runs in (\d+) second")
 STATS = re.compile(r"^#(\d+)\s")
@@ -41,8 +42,9 @@ def child(target: str, libfuzzer_args: list[str]) -> None:
     import atheris
 
     logging.disable(logging.CRITICAL)  # refusals are expected; logging is not fuzzed
-    with atheris.instrument_imports(include=["gateway", "fuzz"]):
+    with atheris.instrument_imports(include=["gateway", "fuzz", "pipeline", "drivers"]):
         # What the targets import lazily is imported here, to be instrumented too.
+        import fuzz.landing
         import fuzz.mqttsn  # noqa: F401
         import gateway.broker.acl
         import gateway.broker.handle_login

@@ -650,6 +650,13 @@ def fuzz_mqttsn_gateway(data: bytes) -> int:
     return mqttsn.fuzz_mqttsn_gateway(data)
 
 
+def fuzz_landing_line(data: bytes) -> int:
+    """Silver's judge of one landing line (``fuzz/landing.py``)."""
+    from fuzz import landing
+
+    return landing.fuzz_landing_line(data)
+
+
 TARGETS: Final[dict[str, Callable[[bytes], int]]] = {
     "codec": fuzz_codec,
     "fastpath": fuzz_fastpath,
@@ -658,4 +665,5 @@ TARGETS: Final[dict[str, Callable[[bytes], int]]] = {
     "http": fuzz_http,
     "mqttsn_codec": fuzz_mqttsn_codec,
     "mqttsn_gateway": fuzz_mqttsn_gateway,
+    "landing_line": fuzz_landing_line,
 }

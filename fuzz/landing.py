@@ -1,0 +1,65 @@
+"""Fuzz target of the pipeline (registered in ``fuzz.targets.TARGETS``).
+
+``landing_line``: the bytes are one landing line, as Spark's text reader hands it to
+silver (UTF-8, undecodable bytes replaced), or, when the first byte is odd, the payload
+of a well-formed landing record from a bridge (so the fuzzer spends its time in the
+payload rules: the contract, the fast path for the gateway's own shape, the reasons).
+Invariants: the judge never raises; it makes one row of the right shape, a quarantined
+row says why, an accepted one has its marks and timestamp; and Arrow takes the row
+(text Arrow refuses would fail the whole Spark job).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Final
+
+import pyarrow as pa
+
+from pipeline.config import PipelineConfig
+from pipeline.transforms.judge import (
+    FIELDS,
+    HEALTH_REPORT,
+    IGNORED,
+    QUARANTINED,
+    READING,
+    Judge,
+    arrow_judge,
+)
+
+CFG: Final = PipelineConfig()
+JUDGE: Final = Judge(CFG)
+ARROW: Final = arrow_judge(CFG)
+KINDS: Final = {READING, HEALTH_REPORT, QUARANTINED, IGNORED}
+TOPICS: Final = ("ledge/gw1/serial/env/temperature", "ledge/gw1/health", "ledge/gw1/status")
+
+
+def line_of(data: bytes) -> str:
+    if not data or data[0] % 2 == 0:
+        return data[1:].decode("utf-8", "replace").replace("\n", " ")
+    record = {
+        "topic": TOPICS[data[0] // 2 % len(TOPICS)],
+        "payload": data[1:].decode("utf-8", "surrogateescape"),
+        "qos": 1,
+        "retain": False,
+        "gateway": "gw1",
+        "seq": "7",
+        "received": "2026-11-21T10:00:00.000000Z",
+    }
+    return json.dumps(record)  # (escapes the surrogates the undecodable bytes became)
+
+
+def fuzz_landing_line(data: bytes) -> int:
+    text = line_of(data)
+    row = dict(zip(FIELDS, JUDGE.line(text), strict=True))
+    if row["kind"] not in KINDS:
+        raise AssertionError(f"kind {row['kind']!r}")
+    if row["kind"] == QUARANTINED and not row["reason"]:
+        raise AssertionError("quarantined without a reason")
+    if row["kind"] in (READING, HEALTH_REPORT) and (
+        row["reason"] is not None or row["timestamp"] is None or row["seq"] is None
+    ):
+        raise AssertionError(f"accepted without its marks or timestamp: {row}")
+    if len(ARROW(pa.array([text], pa.string()))) != 1:
+        raise AssertionError("Arrow lost the row")
+    return 1
