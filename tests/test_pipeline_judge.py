@@ -160,3 +160,18 @@ def test_a_reason_quoting_a_lone_surrogate_is_escaped_not_fatal() -> None:
     assert row["kind"] == QUARANTINED
     assert row["reason"] == "timestamp '\\ud800' is not ISO 8601 with a UTC offset"
     assert len(arrow_judge(CFG)(pa.array([line]))) == 1
+
+
+def test_an_envelope_whose_payload_utf8_cannot_carry_is_judged_as_that_payload() -> None:
+    """Not as the envelope around it: the envelope's own text is no reading payload."""
+    inner = '{"value":"\\ud800","timestamp":"2026-11-21T10:00:00Z"}'
+    line = json.dumps(
+        {
+            "topic": "ledge/gw1/serial/env/t",
+            "payload": '{"gateway":"gw1","seq":5,"payload":' + inner + "}",
+            "received": "2026-11-21T10:00:00.000000Z",
+        }
+    )
+    row = dict(zip(FIELDS, Judge(CFG).line(line), strict=True))
+    assert (row["kind"], row["bridge"], row["seq"]) == (QUARANTINED, "gw1", 5)
+    assert row["reason"] == "payload is not JSON (not UTF-8 text)"

@@ -417,11 +417,11 @@ class Judge:
             read = canonical(as_text) if names_ok and as_text is not None else None
             if read is not None:
                 return self._stored(landed, received, marks, *read)
-            if data is None and payload is not None:
+            if data is None and envelope is None and payload is not None:
                 data = payload.encode("utf-8")
             return self._reading(landed, received, marks, levels, data)
         if what == HEALTH_REPORT:
-            if data is None and payload is not None:
+            if data is None and envelope is None and payload is not None:
                 data = payload.encode("utf-8")
             return self._health(landed, received, marks, levels, data)
         return _refused(landed, received, f"topic '{topic}' {self.topic_rule}", marks=marks)
