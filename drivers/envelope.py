@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Final
+from typing import Any, Final
 
 #: MQTT 5 user property holding the gateway id.
 GATEWAY_PROPERTY: Final = "ledge-gateway"
@@ -45,13 +45,17 @@ def open_envelope(data: bytes) -> tuple[str, int, bytes]:
     gateway, seq = body.get("gateway"), body.get("seq")
     if not isinstance(gateway, str) or not isinstance(seq, int) or isinstance(seq, bool):
         raise ValueError("envelope lacks a gateway (text) or seq (integer)")
+    return gateway, seq, envelope_payload(body)
+
+
+def envelope_payload(body: dict[str, Any]) -> bytes:
+    """The payload a parsed envelope carries; ValueError naming what is wrong (a
+    ``UnicodeEncodeError`` when its ``payload`` holds text no UTF-8 can carry)."""
     if "payload" in body:
-        payload = json.dumps(body["payload"], separators=(",", ":"), ensure_ascii=False).encode()
-    elif isinstance(body.get("payload_base64"), str):
+        return json.dumps(body["payload"], separators=(",", ":"), ensure_ascii=False).encode()
+    if isinstance(body.get("payload_base64"), str):
         try:
-            payload = base64.b64decode(body["payload_base64"], validate=True)
+            return base64.b64decode(body["payload_base64"], validate=True)
         except ValueError as exc:
             raise ValueError(f"envelope payload_base64: {exc}") from None
-    else:
-        raise ValueError("envelope has neither payload nor payload_base64")
-    return gateway, seq, payload
+    raise ValueError("envelope has neither payload nor payload_base64")

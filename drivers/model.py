@@ -25,7 +25,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 # The cloud bridge's upstream marks (drivers.envelope, which the gateway imports
 # without pydantic), re-exported: the pipeline reads everything from this module.
-from drivers.envelope import GATEWAY_PROPERTY, SEQUENCE_PROPERTY, envelope, open_envelope
+from drivers.envelope import (
+    GATEWAY_PROPERTY,
+    SEQUENCE_PROPERTY,
+    envelope,
+    envelope_payload,
+    open_envelope,
+)
 
 #: Characters a topic level built from a name may not contain.
 _FORBIDDEN = frozenset("/+#\x00")
@@ -231,6 +237,7 @@ __all__ = [
     "Health",
     "Reading",
     "envelope",
+    "envelope_payload",
     "health_from_message",
     "health_payload",
     "health_topic",

@@ -30,13 +30,18 @@ import json
 import math
 import re
 from collections.abc import Callable
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 import pyarrow as pa
 from orjson import loads as _fast_loads  # the lander's own records: 4x json.loads
 
-from drivers.model import GATEWAY_PROPERTY, SEQUENCE_PROPERTY, reading_from_message
+from drivers.model import (
+    GATEWAY_PROPERTY,
+    SEQUENCE_PROPERTY,
+    envelope_payload,
+    reading_from_message,
+)
 from pipeline.config import PipelineConfig
 
 READING: Final = "reading"
@@ -113,10 +118,6 @@ _TOPICS: Final = 65_536
 def micros(at: datetime) -> int:
     """An aware datetime as microseconds since the epoch."""
     return (at - EPOCH) // _US
-
-
-def epoch_days(on: date) -> int:
-    return (on - EPOCH.date()).days
 
 
 def storable(text: str) -> bool:
@@ -268,13 +269,8 @@ def canonical(payload: str) -> tuple[Any, str, datetime] | None:
         value = boolean == "true"
     else:
         value = string
-    try:
-        stamp = datetime.fromisoformat(stamp_text)
-        if stamp.tzinfo is None:
-            return None
-        return value, unit, stamp.astimezone(UTC)
-    except (ValueError, OverflowError):
-        return None
+    stamp, _ = parse_time(stamp_text, "timestamp")
+    return None if stamp is None else (value, unit, stamp)
 
 
 def _scalar(value: Any) -> bool:
@@ -380,30 +376,15 @@ class Judge:
                 )
             if payload is None and b64 is None:
                 return _refused(landed, received, "landing line has no payload")
-        data: bytes | None = None
-        if payload is None:
-            if b64 is not None:
-                try:
-                    data = base64.b64decode(b64, validate=True)
-                except (binascii.Error, ValueError):
-                    data = None
-            bridge, seq, seq_text, data, envelope, problem = _marks(
-                gateway_mark, seq_mark, None, data
-            )
-        elif gateway_mark is not None and seq_mark is not None and _SEQ.fullmatch(seq_mark):
-            # the usual case, marks as MQTT 5 user properties (bytes only when needed)
-            bridge, seq, seq_text, envelope, problem = (
-                gateway_mark,
-                int(seq_mark),
-                seq_mark,
-                None,
-                None,
-            )
-        else:
-            data = payload.encode("utf-8")
-            bridge, seq, seq_text, data, envelope, problem = _marks(
-                gateway_mark, seq_mark, data, data
-            )
+        data: bytes | None = None  # the message's bytes, when they are known yet
+        if payload is None and b64 is not None:
+            try:
+                data = base64.b64decode(b64, validate=True)
+            except (binascii.Error, ValueError):
+                data = None
+        bridge, seq, seq_text, inner, envelope, problem = _marks(gateway_mark, seq_mark, payload)
+        if envelope is not None:
+            data = inner
         marks = (bridge, seq, seq_text, envelope)
         if status:
             return _refused(landed, received, None, kind=IGNORED, marks=marks)
@@ -597,9 +578,10 @@ Marks = tuple[
 ]  # fmt: skip
 
 
-def _marks(gateway: str | None, seq: str | None, text: bytes | None, data: bytes | None) -> Marks:
-    """The bridge's marks: ``(bridge, seq, seq text, the message's payload, what an
-    envelope carried, problem)``; ``seq`` is None unless the marks are usable.
+def _marks(gateway: str | None, seq: str | None, text: str | None) -> Marks:
+    """The bridge's marks: ``(bridge, seq, seq text, the payload an envelope carried,
+    (what the quarantine keeps of the envelope's payload), problem)``; ``seq`` is None
+    unless the marks are usable.
 
     ``gateway``/``seq`` are the MQTT 5 user properties; without them the payload
     (``text``: only a payload that arrived as text) may be an MQTT 3.1.1 bridge's
@@ -612,9 +594,9 @@ def _marks(gateway: str | None, seq: str | None, text: bytes | None, data: bytes
         elif not _SEQ.fullmatch(seq):
             problem = f"{SEQUENCE_PROPERTY} '{seq}' is not a decimal number"
         else:
-            return gateway, int(seq), seq, data, None, None
-        return gateway, None, seq, data, None, problem
-    return _open_envelope(text)
+            return gateway, int(seq), seq, None, None, None
+        return gateway, None, seq, None, None, problem
+    return _open_envelope(None if text is None else text.encode("utf-8"))
 
 
 def _open_envelope(data: bytes | None) -> Marks:
@@ -636,24 +618,18 @@ def _open_envelope(data: bytes | None) -> Marks:
     gateway, seq = body["gateway"], body["seq"]
     inner: bytes | None = None
     opened: str | None = None
-    opened_b64: str | None = None
+    opened_b64 = body.get("payload_base64") if "payload" not in body else None
     problem: str | None = None
-    if "payload" in body:
-        opened = json.dumps(body["payload"], separators=(",", ":"), ensure_ascii=False)
-        if storable(opened):
-            inner = opened.encode("utf-8")
-        else:  # a lone surrogate inside: not UTF-8 text
-            opened = json.dumps(body["payload"], separators=(",", ":"))
-    else:
-        b64 = body["payload_base64"]
-        if isinstance(b64, str) and storable(b64):
-            opened_b64 = b64
-            try:
-                inner = base64.b64decode(b64, validate=True)
-            except (binascii.Error, ValueError):
-                problem = "envelope payload_base64 is not base64 text"
-        else:
-            problem = "envelope payload_base64 is not base64 text"
+    try:
+        inner = envelope_payload(body)
+    except UnicodeEncodeError:  # a lone surrogate inside: not UTF-8 text
+        opened = json.dumps(body["payload"], separators=(",", ":"))
+    except ValueError:
+        problem = "envelope payload_base64 is not base64 text"
+    if "payload" in body and inner is not None:
+        opened = inner.decode("utf-8")
+    if not (isinstance(opened_b64, str) and storable(opened_b64)):
+        opened_b64 = None
     is_int = isinstance(seq, int) and not isinstance(seq, bool)
     seq_text = str(seq) if is_int and abs(seq) < _SEQ_LIMIT else None
     envelope = (opened, opened_b64)
