@@ -14,7 +14,7 @@ row says why, an accepted one has its marks and timestamp; and Arrow takes the r
 from __future__ import annotations
 
 import json
-from typing import Final
+from typing import Any, Final
 
 import pyarrow as pa
 
@@ -56,17 +56,30 @@ def line_of(data: bytes) -> str:
     return json.dumps(record)  # (escapes the surrogates the undecodable bytes became)
 
 
+def judged(text: str) -> dict[str, Any]:
+    """The judge's row of one landing line, by field; AssertionError when it breaks an
+    invariant (the tests' fuzz of the judge checks the same)."""
+    row = JUDGE.line(text)
+    if len(row) != len(FIELDS):
+        raise AssertionError(f"{len(row)} fields")
+    got = dict(zip(FIELDS, row, strict=True))
+    if got["kind"] not in KINDS:
+        raise AssertionError(f"kind {got['kind']!r}")
+    if got["kind"] == QUARANTINED and not got["reason"]:
+        raise AssertionError("quarantined without a reason")
+    if got["kind"] in (READING, HEALTH_REPORT) and (
+        got["reason"] is not None
+        or got["timestamp"] is None
+        or got["seq"] is None
+        or got["bridge"] is None
+    ):
+        raise AssertionError(f"accepted without its marks or timestamp: {got}")
+    return got
+
+
 def fuzz_landing_line(data: bytes) -> int:
     text = line_of(data)
-    row = dict(zip(FIELDS, JUDGE.line(text), strict=True))
-    if row["kind"] not in KINDS:
-        raise AssertionError(f"kind {row['kind']!r}")
-    if row["kind"] == QUARANTINED and not row["reason"]:
-        raise AssertionError("quarantined without a reason")
-    if row["kind"] in (READING, HEALTH_REPORT) and (
-        row["reason"] is not None or row["timestamp"] is None or row["seq"] is None
-    ):
-        raise AssertionError(f"accepted without its marks or timestamp: {row}")
+    judged(text)
     if len(ARROW(pa.array([text], pa.string()))) != 1:
         raise AssertionError("Arrow lost the row")
     return 1
