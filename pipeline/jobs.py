@@ -355,13 +355,21 @@ class GoldResult:
 
 
 def gold_frames(
-    readings: DataFrame, readings_with_day_before: DataFrame, health: DataFrame, cfg: PipelineConfig
+    readings: DataFrame,
+    readings_with_day_before: DataFrame,
+    health: DataFrame,
+    cfg: PipelineConfig,
+    minute_rows: DataFrame | None = None,
 ) -> dict[str, DataFrame]:
-    """Every gold table from silver (``GOLD_TABLES``)."""
+    """Every gold table from silver (``GOLD_TABLES``); the sensors' tables from
+    ``minute_rows`` (``gold.minutes`` of ``readings_with_day_before``) when given. Rows
+    of the day before come out too: the caller writes only its days."""
+    if minute_rows is None:
+        minute_rows = gold_t.minutes(readings_with_day_before)
     return {
-        "sensor_minute": gold_t.sensor_aggregates(readings, "minute"),
-        "sensor_hour": gold_t.sensor_aggregates(readings, "hour"),
-        "gaps": gold_t.gaps(readings_with_day_before, cfg),
+        "sensor_minute": gold_t.sensor_aggregates(minute_rows, "minute"),
+        "sensor_hour": gold_t.sensor_aggregates(minute_rows, "hour"),
+        "gaps": gold_t.gaps(readings_with_day_before, cfg, minute_rows=minute_rows),
         "health": gold_t.fleet_health(readings, health),
     }
 
@@ -389,25 +397,24 @@ def gold(
         return GoldResult([])
     log.info("gold: recomputing %s", span(todo))
     day_before = min(todo) - DAY
-    # Read once for the four tables: the columns gold uses, kept in memory (then disk).
-    readings_ext = (
-        read_table(spark, layout.readings, READINGS, todo | {day_before}, storage)
-        .select(*GOLD_COLUMNS)
-        .persist(StorageLevel.MEMORY_AND_DISK)
-    )
-    readings = readings_ext.where(F.col("date").isin(sorted(todo)))
+    readings_ext = read_table(
+        spark, layout.readings, READINGS, todo | {day_before}, storage
+    ).select(*GOLD_COLUMNS)
     health = read_table(spark, layout.health, HEALTH, todo, storage)
-    frames = gold_frames(readings, readings_ext, health, cfg)
+    readings = readings_ext.where(F.col("date").isin(sorted(todo)))
+    # One aggregation over the readings for the three tables of sensors, kept (it is
+    # about a tenth of the readings) while they are written.
+    minute_rows = gold_t.minutes(readings_ext).persist(StorageLevel.MEMORY_AND_DISK)
+    frames = gold_frames(readings, readings_ext, health, cfg, minute_rows)
     with Progress(spark, "gold", enabled=progress):
         try:
-            # the first table reads and keeps the readings; the others then share them
             write = [
                 functools.partial(replace_days, storage, frame, layout.gold(name), todo)
                 for name, frame in frames.items()
             ]
-            written = [write[0](), *together(spark, *write[1:])]
+            written = together(spark, *write)
         finally:
-            readings_ext.unpersist()
+            minute_rows.unpersist()
     rows = {name: w.rows for name, w in zip(frames, written, strict=True)}
     log.info("gold: %s", ", ".join(f"{n} {name} rows" for name, n in rows.items()))
     state = State.load(storage, layout)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from drivers.model import (
     Health,
@@ -265,12 +266,13 @@ def test_sensor_aggregates_per_minute_and_hour(spark: SparkSession) -> None:
         {"timestamp": T0 + timedelta(days=3), "value": 99.0, "implausible": True},
     ]
     readings = silver_rows(spark, rows)
-    minute = sorted(gold.sensor_aggregates(readings, "minute").collect(), key=lambda r: r.start)
+    minutes = gold.minutes(readings)
+    minute = sorted(gold.sensor_aggregates(minutes, "minute").collect(), key=lambda r: r.start)
     assert [(r.start, r["count"], r["min"], r["max"], r["mean"]) for r in minute] == [
         (naive(T0), 2, 1.0, 3.0, 2.0),
         (naive(T0 + timedelta(minutes=1)), 1, 5.0, 5.0, 5.0),
     ]
-    (hour,) = gold.sensor_aggregates(readings, "hour").collect()
+    (hour,) = gold.sensor_aggregates(minutes, "hour").collect()
     assert (hour.start, hour["count"], hour["mean"], hour.date) == (naive(T0), 3, 3.0, T0.date())
 
 
@@ -301,6 +303,8 @@ def test_gaps_over_minutes_are_the_gaps_between_every_reading(spark: SparkSessio
                 "value": None if i % 4 == 0 else 1.0,
                 "text": "auto" if i % 4 == 0 else None,
                 "device": f"d{i % 3}",
+                # a unit changing within a minute gives that minute a row per unit
+                "unit": "K" if i % 5 == 0 else "°C",
                 "implausible": i % 17 == 0,
             }
         )
@@ -311,6 +315,69 @@ def test_gaps_over_minutes_are_the_gaps_between_every_reading(spark: SparkSessio
         every = sorted(gold.gaps(readings, cfg, by_minute=False).collect())
         assert len(every) > 10
         assert by_minute == every
+
+
+def test_sensor_aggregates_from_minutes_are_those_over_every_reading(
+    spark: SparkSession,
+) -> None:
+    """The aggregates are taken over per-minute rows (``gold.minutes``): counts, minima
+    and maxima equal those over every reading, a minute's mean too, an hour's mean to
+    the last bits (its sum is added in another order)."""
+    rng = random.Random(11)
+    rows: list[dict[str, Any]] = []
+    at = T0
+    for i in range(800):
+        at += timedelta(seconds=rng.choice((0.2, 3, 20, 59, 61, 400)))
+        is_text = i % 6 == 0
+        rows.append(
+            {
+                "timestamp": at,
+                "value": None if is_text else rng.uniform(-40, 60),
+                "text": "auto" if is_text else None,
+                "device": f"d{i % 2}",
+                "unit": "K" if i % 7 == 0 else "°C",
+                "implausible": i % 13 == 0,
+            }
+        )
+    readings = silver_rows(spark, rows)
+    minutes = gold.minutes(readings)
+    for bucket in gold.BUCKETS:
+        got = sorted(gold.sensor_aggregates(minutes, bucket).collect())
+        start = F.date_trunc(bucket, "timestamp")
+        numeric = readings.where(~F.col("implausible") & F.col("value").isNotNull())
+        direct = numeric.groupBy(*gold.SENSOR, "unit", start.alias("start")).agg(
+            F.count("*").alias("count"),
+            F.min("value").alias("min"),
+            F.max("value").alias("max"),
+            F.avg("value").alias("mean"),
+        )
+        want = sorted(direct.withColumn("date", F.to_date("start")).collect())
+        assert len(got) == len(want) > 5
+        for g, w in zip(got, want, strict=True):
+            assert g.asDict() == {**w.asDict(), "mean": pytest.approx(w["mean"], rel=1e-12)}
+            if bucket == "minute":
+                assert g["mean"] == w["mean"]
+
+
+def test_percentile_is_sparks_percentile(spark: SparkSession) -> None:
+    """The 95th percentile of fleet health is the same double as Spark's ``percentile``
+    for groups of every size, ties and nulls among the values."""
+    rng = random.Random(5)
+    rows = []
+    for group in range(60):
+        size = rng.choice((1, 2, 3, 7, 20, 21, 100, 333))
+        for _ in range(size):
+            value = rng.choice((None, 0.0, 1.5, rng.uniform(0, 3), rng.expovariate(0.2)))
+            rows.append((group, value))
+    rows += [(60, None), (60, None)]  # no value at all: null
+    frame = spark.createDataFrame(rows, "g int, v double")
+    got = frame.groupBy("g").agg(
+        gold.percentile(F.array_sort(F.collect_list("v")), 0.95).alias("p"),
+        F.percentile("v", F.lit(0.95)).alias("want"),
+    )
+    checked = got.collect()
+    assert len(checked) == 61 and any(r.p is None for r in checked)
+    assert [(r.g, r.p) for r in checked if r.p != r.want] == []
 
 
 def test_fleet_health_counts_rate_lag_duplicates_and_reported_drops(spark: SparkSession) -> None:
