@@ -29,8 +29,9 @@ import functools
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from operator import itemgetter
 from typing import Any, Final
 
 import pyarrow as pa
@@ -664,7 +665,7 @@ def arrow_type() -> pa.StructType:
     return pa.struct([*_fields(JUDGED), pa.field("extra", pa.struct(_fields(EXTRA)))])
 
 
-def _array(values: tuple[Any, ...], kind: pa.DataType) -> pa.Array:
+def _array(values: Sequence[Any], kind: pa.DataType) -> pa.Array:
     n = len(values)
     if values.count(None) == n:
         return pa.nulls(n, kind)
@@ -680,20 +681,31 @@ def arrow_judge(cfg: PipelineConfig) -> Callable[[pa.Array], pa.Array]:
     ``pa.StructArray`` of ``arrow_type()`` out, one row per line."""
     judge = Judge(cfg)
     top, extra = _fields(JUDGED), _fields(EXTRA)
-    usual = EXTRA_USUAL
+    width, usual = len(top), EXTRA_USUAL
+    extra_type = pa.struct(extra)
 
     def judged(lines: pa.Array) -> pa.Array:
         one = judge.line
         rows = [one(text) for text in lines.to_pylist()]
         if not rows:
             return pa.array([], arrow_type())
-        columns = list(zip(*rows, strict=True))
-        head = [_array(c, f.type) for c, f in zip(columns, top, strict=False)]
-        tail = [_array(c, f.type) for c, f in zip(columns[len(top) :], extra, strict=True)]
-        is_usual = pa.array([r[len(top) :] == usual for r in rows], pa.bool_())
-        rest = pa.StructArray.from_arrays(tail, fields=extra, mask=is_usual)
+        # column by column (transposing whole rows costs twice as much)
+        head = [_array(list(map(itemgetter(i), rows)), f.type) for i, f in enumerate(top)]
+        # ``extra`` only for the rows where it is not the usual (null elsewhere)
+        unusual = [i for i, row in enumerate(rows) if row[width:] != usual]
+        if unusual:
+            columns = zip(*(rows[i][width:] for i in unusual), strict=True)
+            compact = pa.StructArray.from_arrays(
+                [_array(c, f.type) for c, f in zip(columns, extra, strict=True)], fields=extra
+            )
+            at: list[int | None] = [None] * len(rows)
+            for k, i in enumerate(unusual):
+                at[i] = k
+            rest = compact.take(pa.array(at, pa.int32()))
+        else:
+            rest = pa.nulls(len(rows), extra_type)
         return pa.StructArray.from_arrays(
-            [*head, rest], fields=[*top, pa.field("extra", rest.type)]
+            [*head, rest], fields=[*top, pa.field("extra", extra_type)]
         )
 
     return judged
