@@ -10,7 +10,10 @@ kept under ``--dir`` for the next run), then in one run:
   sensor 1-minute and 1-hour count/min/max/mean into Parquet, wall clock of the queries
   (DuckDB starts in microseconds);
 
-and prints the ratio. The Spark run keeps an event log; from it the report shows that
+and prints the ratio. ``--floor`` also times, each in a fresh process, what any run
+pays before its own work: the session alone, reading every landing line, and reading
+and judging every line (silver's Python rules on Arrow batches). The Spark run keeps an
+event log; from it the report shows that
 silver scans each landing line once (the stages that read landing files and the lines
 they read) and the slowest stages. Load on the machine is printed beside each run
 (two cores shared with other jobs make single runs noisy: repeat with ``--repeat``).
@@ -64,6 +67,12 @@ COPY (
 ) TO '{out}' (FORMAT parquet)
 """
 SIZES = (250_000, 1_000_000, 4_000_000)
+#: ``--floor``: what each fresh process does (each step includes the ones before it).
+FLOOR_STEPS = {
+    "session": "JVM and session",
+    "read": "+ read every landing line",
+    "judge": "+ judge every line",
+}
 
 
 def load() -> str:
@@ -157,6 +166,46 @@ def read_events(path: Path) -> tuple[int, int, list[tuple[float, str]]]:
     return scans, lines, sorted(stages, reverse=True)[:6]
 
 
+def floor_step(step: str, landing_dir: Path, master: str) -> None:
+    """One ``--floor`` step, in this (fresh) process."""
+    from pyspark.sql import functions as F
+
+    from pipeline.config import PipelineConfig
+    from pipeline.session import build
+    from pipeline.transforms import silver
+
+    spark = build(master)
+    try:
+        if step == "session":
+            return
+        lines = spark.read.option("basePath", str(landing_dir)).text(str(landing_dir))
+        lines = lines.select(
+            F.col("value").alias("line"),
+            F.col("_metadata.file_path").alias("file"),
+            F.col("date").alias("landing_date"),
+        )
+        if step == "judge":
+            # a filter on a judged column: the rules run on every line
+            lines = silver.judged(lines, PipelineConfig()).where(F.col("kind").isNull())
+        lines.count()
+    finally:
+        spark.stop()
+
+
+def floors(landing_dir: Path, master: str) -> list[tuple[str, float]]:
+    """Wall clock of each ``FLOOR_STEPS`` step in a fresh process."""
+    out = []
+    for step, label in FLOOR_STEPS.items():
+        command = [
+            sys.executable, "-m", "bench.pipeline", "--floor-step", step,
+            "--master", master, "--dir", str(landing_dir),
+        ]  # fmt: skip
+        started = time.perf_counter()
+        subprocess.run(command, capture_output=True, check=True)
+        out.append((label, time.perf_counter() - started))
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.pipeline", description=__doc__)
     parser.add_argument(
@@ -176,7 +225,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=Path(tempfile.gettempdir()) / "ledge-pipeline-bench",
         help="where the generated landing files are kept (default: %(default)s)",
     )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also time the session alone, reading every line, and judging every line",
+    )
+    parser.add_argument("--floor-step", choices=FLOOR_STEPS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.floor_step:
+        floor_step(args.floor_step, args.dir, args.master)
+        return 0
     from pipeline.session import local_cores
 
     threads = local_cores(args.master) or 2
@@ -199,6 +257,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
                 for took, name in slowest:
                     print(f"{'':14}{took:6.1f} s  {name}")
+            if args.floor:
+                for label, took in floors(landing_dir, args.master):
+                    print(f"{'':14}{took:6.1f} s  floor: {label} (fresh process)", flush=True)
     print(f"\n`ledge-pipeline run --master {args.master}` (fresh JVM) beside DuckDB, one run each")
     print("| landing lines | Spark s | lines/s | DuckDB s | Spark/DuckDB | load (1/5 min) |")
     print("|---:|---:|---:|---:|---:|---|")
