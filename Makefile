@@ -51,9 +51,9 @@ bench-mqttsn:   ## firmware bridge: MQTT-SN/UDP vs MQTT/TCP PUBLISH/s, RSS per i
 	scripts/setup --test
 	.venv/bin/python -m bench.mqttsn
 
-pipeline-bench: ## ledge-pipeline run on local[2] (fresh JVM) at 0.25M, 1M and 4M landing lines, DuckDB beside it
+pipeline-bench: ## ledge-pipeline run on local[2] (fresh JVM) at 0.25M, 1M and 4M landing lines, DuckDB beside it, and the floors (session, reading, judging)
 	scripts/setup --test
-	.venv/bin/python -m bench.pipeline $(addprefix --lines ,$(PIPELINE_LINES))
+	.venv/bin/python -m bench.pipeline --floor $(addprefix --lines ,$(PIPELINE_LINES))
 
 mutate:         ## mutation testing (mutmut) of gateway/mqtt, gateway/broker, gateway/bridge with their fast tests; report in .mutate/report.md (hours of CPU)
 	scripts/setup --test
