@@ -21,15 +21,31 @@ SENSOR: Final = ("gateway", "driver", "device", "quantity")
 BUCKETS: Final = ("minute", "hour")
 
 
+def ordered_sum(values: Column, is_sorted: bool = False) -> Column:
+    """The sum of an array of doubles added in ascending order (null when empty).
+
+    The last bits of a sum of doubles depend on the order of the additions, and an
+    aggregate adds its rows in the order files and partitions hand them over, which a
+    backfill over another range of days changes. Every sum in gold is added in an order
+    of its own (here: ascending), so the same values give the same bits however they
+    were split."""
+    ordered = values if is_sorted else F.array_sort(values)
+    return F.when(F.size(values) > 0, F.aggregate(ordered, F.lit(0.0), lambda total, x: total + x))
+
+
 def minutes(readings: DataFrame) -> DataFrame:
     """Per sensor, unit and minute (``start``) of the plausible readings: ``count``,
     ``min``, ``max`` and ``sum`` of the numeric values (booleans as 0 and 1; text
     readings have none), and the time of the minute's ``first`` and ``last`` reading of
-    any kind. One pass over the readings for every gold table of sensors."""
+    any kind. One pass over the readings for every gold table of sensors.
+
+    The sum adds a minute's values in the order of their time (see ``ordered_sum``):
+    each sensor's readings are brought to one task and sorted, and aggregated there."""
     plausible = readings.where(~F.col("implausible"))
-    return plausible.groupBy(
-        *SENSOR, "unit", F.date_trunc("minute", "timestamp").alias("start")
-    ).agg(
+    ordered = plausible.repartition(*SENSOR).sortWithinPartitions(
+        *SENSOR, "unit", "timestamp", "value"
+    )
+    return ordered.groupBy(*SENSOR, "unit", F.date_trunc("minute", "timestamp").alias("start")).agg(
         F.count("value").alias("count"),
         F.min("value").alias("min"),
         F.max("value").alias("max"),
@@ -44,8 +60,9 @@ def sensor_aggregates(minute_rows: DataFrame, bucket: str) -> DataFrame:
     ``minutes``.
 
     Booleans count as 0 and 1 (their mean is the share of time they were true); text
-    readings have no value and are left out. An hour's mean is the sum of its minutes'
-    sums over the sum of their counts."""
+    readings have no value and are left out. A minute's mean is its sum (``minutes``)
+    over its count; an hour's, the ``ordered_sum`` of its minutes' sums over the sum of
+    their counts."""
     if bucket not in BUCKETS:
         raise ValueError(f"bucket must be one of {BUCKETS}, not {bucket!r}")
     numeric = minute_rows.where(F.col("count") > 0)
@@ -56,7 +73,7 @@ def sensor_aggregates(minute_rows: DataFrame, bucket: str) -> DataFrame:
             F.sum("count").alias("count"),
             F.min("min").alias("min"),
             F.max("max").alias("max"),
-            F.sum("sum").alias("sum"),
+            ordered_sum(F.collect_list("sum")).alias("sum"),
         )
     out = numeric.select(
         *SENSOR,
@@ -149,7 +166,6 @@ def fleet_health(readings: DataFrame, health: DataFrame) -> DataFrame:
     lag = F.when(~F.col("implausible"), _lag_seconds())
     hourly = messages.groupBy("gateway", F.date_trunc("hour", at).alias("hour")).agg(
         F.count("*").alias("messages"),
-        F.avg(lag).alias("lag_mean"),
         F.array_sort(F.collect_list(lag)).alias("_lags"),
         F.max(lag).alias("lag_max"),
         F.sum(F.col("copies") - 1).alias("duplicates"),
@@ -159,6 +175,7 @@ def fleet_health(readings: DataFrame, health: DataFrame) -> DataFrame:
     )
     out = hourly.select(
         "*",
+        (ordered_sum(F.col("_lags"), is_sorted=True) / F.size("_lags")).alias("lag_mean"),
         percentile(F.col("_lags"), 0.95).alias("lag_p95"),
         (F.col("messages") / 3600.0).alias("rate"),
         F.to_date("hour").alias("date"),
