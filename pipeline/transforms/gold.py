@@ -40,12 +40,12 @@ def minutes(readings: DataFrame) -> DataFrame:
     any kind. One pass over the readings for every gold table of sensors.
 
     The sum adds a minute's values in the order of their time (see ``ordered_sum``):
-    each sensor's readings are brought to one task and sorted, and aggregated there."""
+    each minute's readings are brought to one task and sorted, and aggregated there."""
     plausible = readings.where(~F.col("implausible"))
-    ordered = plausible.repartition(*SENSOR).sortWithinPartitions(
-        *SENSOR, "unit", "timestamp", "value"
-    )
-    return ordered.groupBy(*SENSOR, "unit", F.date_trunc("minute", "timestamp").alias("start")).agg(
+    keys = [*SENSOR, "unit", "start"]
+    minute = plausible.select("*", F.date_trunc("minute", "timestamp").alias("start"))
+    ordered = minute.repartition(*keys).sortWithinPartitions(*keys, "timestamp", "value")
+    return ordered.groupBy(*keys).agg(
         F.count("value").alias("count"),
         F.min("value").alias("min"),
         F.max("value").alias("max"),
