@@ -171,19 +171,17 @@ def floor_step(step: str, landing_dir: Path, master: str) -> None:
     from pyspark.sql import functions as F
 
     from pipeline.config import PipelineConfig
+    from pipeline.jobs import read_landing
     from pipeline.session import build
+    from pipeline.storage import Layout, Storage
     from pipeline.transforms import silver
 
     spark = build(master)
     try:
         if step == "session":
             return
-        lines = spark.read.option("basePath", str(landing_dir)).text(str(landing_dir))
-        lines = lines.select(
-            F.col("value").alias("line"),
-            F.col("_metadata.file_path").alias("file"),
-            F.col("date").alias("landing_date"),
-        )
+        layout = Layout(str(landing_dir.parent))  # (the landing files' own reader)
+        lines = read_landing(spark, layout, Storage(spark).partition_dates(layout.landing))
         if step == "judge":
             # a filter on a judged column: the rules run on every line
             lines = silver.judged(lines, PipelineConfig()).where(F.col("kind").isNull())

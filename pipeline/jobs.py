@@ -50,7 +50,7 @@ from pipeline.transforms import silver as silver_t
 log = logging.getLogger(__name__)
 DAY = timedelta(days=1)
 
-#: Gold tables and how each is computed from (readings, readings with the day before, health).
+#: Gold tables (``gold_frames``).
 GOLD_TABLES = ("sensor_minute", "sensor_hour", "gaps", "health")
 #: The columns of silver readings gold reads.
 GOLD_COLUMNS = (
@@ -359,13 +359,11 @@ def gold_frames(
     readings_with_day_before: DataFrame,
     health: DataFrame,
     cfg: PipelineConfig,
-    minute_rows: DataFrame | None = None,
+    minute_rows: DataFrame,
 ) -> dict[str, DataFrame]:
     """Every gold table from silver (``GOLD_TABLES``); the sensors' tables from
-    ``minute_rows`` (``gold.minutes`` of ``readings_with_day_before``) when given. Rows
-    of the day before come out too: the caller writes only its days."""
-    if minute_rows is None:
-        minute_rows = gold_t.minutes(readings_with_day_before)
+    ``minute_rows`` (``gold.minutes`` of ``readings_with_day_before``). Rows of the day
+    before come out too: the caller writes only its days."""
     return {
         "sensor_minute": gold_t.sensor_aggregates(minute_rows, "minute"),
         "sensor_hour": gold_t.sensor_aggregates(minute_rows, "hour"),
