@@ -5,7 +5,8 @@ files once (``pipeline.generate``: redeliveries, a day-late backlog, malformed i
 kept under ``--dir`` for the next run), then in one run:
 
 - **spark**: ``ledge-pipeline run --master local[2]`` in a fresh process (JVM start, the
-  session, silver and gold, Parquet written) on an empty root, wall clock;
+  session, silver and gold, Parquet written) on an empty root, wall clock; with the class
+  archive ``ledge-pipeline prepare`` wrote, as after the install (it says which);
 - **duckdb**: the reference on the same landing files: dedup by (gateway, seq) -> per
   sensor 1-minute and 1-hour count/min/max/mean into Parquet, wall clock of the queries
   (DuckDB starts in microseconds);
@@ -233,9 +234,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.floor_step:
         floor_step(args.floor_step, args.dir, args.master)
         return 0
-    from pipeline.session import local_cores
+    from pipeline.session import local_cores, ready_archive
 
     threads = local_cores(args.master) or 2
+    archive = ready_archive()
+    print(f"class archive: {archive or 'none (ledge-pipeline prepare writes it)'}", flush=True)
     args.dir.mkdir(parents=True, exist_ok=True)
     results = []
     for size in args.lines or SIZES:

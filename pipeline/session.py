@@ -5,16 +5,21 @@
 - under ``spark-submit``: whatever spark-submit was told (this code sets no master).
 
 The settings below are the pipeline's own (UTC, dynamic partition overwrite); ``--conf``
-values override them, so a cluster's tuning stays with the operator.
+values override them, so a cluster's tuning stays with the operator. A local JVM starts
+with the class archive ``ledge-pipeline prepare`` wrote for this Java and Spark, if any.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import re
+import shutil
 import sys
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -39,6 +44,8 @@ FAST_JVM: Final = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 #: another one replaces it).
 THROUGHPUT_GC: Final = "-XX:+UseParallelGC"
 LOG4J: Final = Path(__file__).with_name("log4j2.properties")
+#: Java options that choose the JVM's class data sharing themselves (then no archive of ours).
+OWN_SHARING: Final = re.compile(r"-Xshare|-XX:(SharedArchiveFile|ArchiveClassesAtExit)")
 
 
 def under_spark_submit() -> bool:
@@ -77,8 +84,97 @@ def parse_conf(pairs: Iterable[str]) -> dict[str, str]:
     return conf
 
 
-def settings(master: str | None, conf: Mapping[str, str], fast_jvm: bool = False) -> dict[str, str]:
-    """Every setting the session is built with (the master under ``spark.master``)."""
+# ------------------------------------------------------------------ the class archive
+
+
+@dataclass(frozen=True)
+class ClassArchive:
+    """Where ``ledge-pipeline prepare`` keeps the JVM class archive for this machine's
+    Java and Spark (``pipeline.prepare``): a file named after what it was made from, so
+    another Java or Spark (an upgrade, another install) looks for another file."""
+
+    path: Path
+    #: What the archive was made from: the java binary, its JVM library's size and
+    #: modification time, Spark's version and home.
+    identity: dict[str, str]
+
+    @property
+    def java(self) -> Path:
+        return Path(self.identity["java"])
+
+    @property
+    def about(self) -> Path:
+        """The archive's description (its identity, when and how it was made)."""
+        return self.path.with_suffix(".json")
+
+
+def cache_dir() -> Path:
+    """``$LEDGE_PIPELINE_CACHE``, else ``$XDG_CACHE_HOME/ledge-pipeline`` (``~/.cache``)."""
+    own = os.environ.get("LEDGE_PIPELINE_CACHE")
+    if own:
+        return Path(own)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "ledge-pipeline"
+
+
+def java_binary() -> Path | None:
+    """The java PySpark starts (``$JAVA_HOME/bin/java``, else the PATH's), resolved."""
+    home = os.environ.get("JAVA_HOME")
+    found = str(Path(home, "bin", "java")) if home else shutil.which("java")
+    if found is None or not Path(found).is_file():
+        return None
+    return Path(os.path.realpath(found))
+
+
+def spark_home() -> Path:
+    """The Spark installation spark-submit runs from: ``$SPARK_HOME``, else PySpark's own."""
+    import pyspark
+
+    own = os.environ.get("SPARK_HOME")
+    return Path(own) if own else Path(pyspark.__file__).parent
+
+
+def class_archive() -> ClassArchive | None:
+    """The class archive of this machine's Java and Spark (it may not exist yet); None
+    without a java to start."""
+    import pyspark
+
+    java = java_binary()
+    if java is None:
+        return None
+    home = java.parent.parent
+    jvm = next((p for p in (home / "lib/server/libjvm.so", java) if p.is_file()), java)
+    stat = jvm.stat()
+    identity = {
+        "java": str(java),
+        "jvm": f"{jvm} {stat.st_size} {stat.st_mtime_ns}",
+        "spark_version": pyspark.__version__,
+        "spark_home": os.path.realpath(spark_home()),
+    }
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    return ClassArchive(cache_dir() / f"jvm-{key}.jsa", identity)
+
+
+def ready_archive() -> Path | None:
+    """The class archive to start a local JVM with: this Java and Spark's, when prepared."""
+    archive = class_archive()
+    return archive.path if archive is not None and archive.path.is_file() else None
+
+
+# ----------------------------------------------------------------------------- settings
+
+
+def settings(
+    master: str | None,
+    conf: Mapping[str, str],
+    fast_jvm: bool = False,
+    archive: Path | None = None,
+) -> dict[str, str]:
+    """Every setting the session is built with (the master under ``spark.master``).
+
+    ``archive``: a class archive (``ready_archive``) a local JVM starts with, unless the
+    options already choose the JVM's class sharing or put classes before Spark's (the
+    archive then no longer matches the class path)."""
     out = dict(DEFAULTS)
     if master is not None:
         out["spark.master"] = master
@@ -106,6 +202,16 @@ def settings(master: str | None, conf: Mapping[str, str], fast_jvm: bool = False
         # A batch job in one JVM: the throughput collector. On two cores G1's concurrent
         # work costs a run about a seventh of its time (measured: 37.6 s against 43.7 s).
         java.append(THROUGHPUT_GC)
+    if (
+        archive is not None
+        and cores
+        and not OWN_SHARING.search(user_java)
+        and "spark.driver.extraClassPath" not in conf
+        and not os.environ.get("SPARK_DIST_CLASSPATH")
+    ):
+        # Spark's classes mapped from the archive, parsed and verified already: the JVM
+        # and every first query start sooner (``ledge-pipeline prepare``).
+        java.append(f"-XX:SharedArchiveFile={archive}")
     if user_java:
         java.append(user_java)
     out["spark.driver.extraJavaOptions"] = " ".join(java)
@@ -119,9 +225,10 @@ def build(
     app_name: str = "ledge-pipeline",
     fast_jvm: bool = False,
 ) -> SparkSession:
-    """A SparkSession with the pipeline's settings (see the module docstring)."""
+    """A SparkSession with the pipeline's settings (see the module docstring); a local
+    one starts with this machine's class archive when ``ledge-pipeline prepare`` made it."""
     builder = SparkSession.builder.appName(app_name)
-    chosen = settings(master, conf or {}, fast_jvm)
+    chosen = settings(master, conf or {}, fast_jvm, ready_archive())
     if local_cores(chosen.get("spark.master", "")) and "spark.pyspark.python" not in chosen:
         # Silver's rules run in Python workers: in-process, this interpreter with the
         # pipeline's packages (on a cluster, the operator names the executors' Python

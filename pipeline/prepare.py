@@ -1,0 +1,124 @@
+"""``ledge-pipeline prepare``: the JVM class archive of this machine's Java and Spark.
+
+A fresh JVM loads, parses and verifies some ten thousand of Spark's classes before and
+during its first queries. A class archive (the JVM's class data sharing, a dynamic
+archive over the JDK's own) holds them ready to map: every later session on a local
+master starts with it (``pipeline.session.ready_archive``) and a run finishes seconds
+sooner.
+
+To make it, a small generated fleet goes through ``run`` (silver and gold) in a JVM
+told to write the classes it loaded when it exits; the JVM is then stopped and waited
+for, the archive is checked by a JVM that must map it on Spark's class path, and only
+then moved into place (``pipeline.session.cache_dir``; a file per Java and Spark, named
+after them). Nothing is lost without it: a run without an archive loads its classes as
+before, and a JVM that finds an archive not made for it says so and goes on without.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Final
+
+from pipeline.session import ClassArchive, build, class_archive
+
+log = logging.getLogger(__name__)
+
+#: How long the JVM may take to exit and write the archive (about 10 s here).
+EXIT_TIMEOUT: Final = 600.0
+
+
+def prepare(force: bool = False) -> int:
+    """Write this machine's class archive unless it exists (``force``: again). Exit status."""
+    archive = class_archive()
+    if archive is None:
+        log.error("prepare: no java to start (set JAVA_HOME or put java on the PATH)")
+        return 1
+    if archive.path.is_file() and not force:
+        log.info("prepare: the class archive is ready: %s", archive.path)
+        return 0
+    archive.path.parent.mkdir(parents=True, exist_ok=True)
+    partial = archive.path.with_name(f"{archive.path.stem}.{os.getpid()}.partial")
+    started = time.monotonic()
+    log.info("prepare: writing the class archive for %s (about a minute)", archive.java)
+    try:
+        class_path = _record(partial, archive)
+        problem = _check(archive.java, partial, class_path)
+        if problem:
+            log.error("prepare: the archive %s does not load: %s", partial, problem)
+            return 1
+        os.replace(partial, archive.path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            partial.unlink()
+    made = {**archive.identity, "made": datetime.now(UTC).isoformat(timespec="seconds")}
+    archive.about.write_text(json.dumps(made, indent=2) + "\n")
+    log.info(
+        "prepare: wrote %s (%.0f MiB) in %.0f s; local runs start with it",
+        archive.path,
+        archive.path.stat().st_size / 2**20,
+        time.monotonic() - started,
+    )
+    return 0
+
+
+def _record(partial: Path, archive: ClassArchive) -> str:
+    """Run a small fleet through silver and gold in a JVM that writes the classes it
+    loaded to ``partial`` as it exits; wait for it to exit. Spark's class path."""
+    from pyspark import SparkContext
+
+    from pipeline import jobs
+    from pipeline.config import PipelineConfig
+    from pipeline.generate import Spec, generate, write_landing
+    from pipeline.storage import Layout
+
+    # (classes the archive cannot hold, e.g. from signed jars, are warnings: left out)
+    java = f"-XX:ArchiveClassesAtExit={partial} -Xlog:cds*=error"
+    with tempfile.TemporaryDirectory(prefix="ledge-prepare-") as root:
+        messages, _ = generate(Spec())
+        write_landing(Path(root), messages)
+        spark = build(
+            "local[2]", {"spark.driver.extraJavaOptions": java}, app_name="ledge-pipeline-prepare"
+        )
+        gateway = SparkContext._gateway
+        assert gateway is not None
+        system = spark.sparkContext._jvm.java.lang.System  # type: ignore[union-attr]
+        home, class_path = system.getProperty("java.home"), system.getProperty("java.class.path")
+        quiet = logging.getLogger(jobs.__name__)
+        level = quiet.level
+        quiet.setLevel(logging.WARNING)  # (the sample's own tables are of no interest)
+        try:
+            jobs.run(spark, Layout(root), PipelineConfig(), progress=False)
+        finally:
+            quiet.setLevel(level)
+            spark.stop()
+            # The JVM exits when its standard input closes (PySpark's gateway), writing
+            # the archive on its way out.
+            process = gateway.proc
+            gateway.shutdown()
+            process.stdin.close()
+            process.wait(timeout=EXIT_TIMEOUT)
+            SparkContext._gateway = None
+            SparkContext._jvm = None
+    if os.path.realpath(Path(home, "bin", "java")) != str(archive.java):
+        raise RuntimeError(f"Spark started {home}/bin/java, not {archive.java}")
+    return str(class_path)
+
+
+def _check(java: Path, archive: Path, class_path: str) -> str | None:
+    """None when a JVM maps ``archive`` on ``class_path`` (or must refuse to start)."""
+    if not archive.is_file():
+        return "the JVM wrote no archive (does this Java have its base class archive?)"
+    command = [str(java), "-Xshare:on", f"-XX:SharedArchiveFile={archive}", "-cp", class_path]
+    done = subprocess.run([*command, "-version"], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        return lines[-1] if lines else f"exit status {done.returncode}"
+    return None

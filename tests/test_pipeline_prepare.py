@@ -1,0 +1,143 @@
+"""``ledge-pipeline prepare``: the class archive a local session starts with.
+
+The end-to-end test writes a real archive with the real JVM (in its own cache folder),
+then has the JDK's own ``java`` map it on Spark's class path, and a real session load
+Spark's classes from it (the JVM's class-loading log names where each class came from).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline import session as S
+from tests.support.procs import REPO
+
+# ----------------------------------------------------------------------------- settings
+
+
+def test_a_local_session_starts_with_the_archive_it_is_given(tmp_path: Path) -> None:
+    archive = tmp_path / "jvm.jsa"
+    java = S.settings("local[2]", {}, archive=archive)["spark.driver.extraJavaOptions"]
+    assert f"-XX:SharedArchiveFile={archive}" in java.split()
+    fast = S.settings("local[2]", {}, fast_jvm=True, archive=archive)
+    assert f"-XX:SharedArchiveFile={archive}" in fast["spark.driver.extraJavaOptions"]
+    # the user's options come last (a later JVM option wins)
+    own = S.settings("local[2]", {"spark.driver.extraJavaOptions": "-Xmx2g"}, archive=archive)
+    assert own["spark.driver.extraJavaOptions"].endswith("-Xmx2g")
+
+
+@pytest.mark.parametrize(
+    ("master", "conf"),
+    [
+        ("spark://127.0.0.1:7077", {}),  # a cluster's driver: not this machine's JVM
+        ("local[2]", {"spark.driver.extraJavaOptions": "-Xshare:off"}),
+        ("local[2]", {"spark.driver.extraJavaOptions": "-XX:SharedArchiveFile=/other.jsa"}),
+        ("local[2]", {"spark.driver.extraJavaOptions": "-XX:ArchiveClassesAtExit=/new.jsa"}),
+        # classes before Spark's: the archive no longer matches the class path
+        ("local[2]", {"spark.driver.extraClassPath": "/opt/extra.jar"}),
+    ],
+)
+def test_no_archive_where_it_cannot_apply(master: str, conf: dict[str, str]) -> None:
+    java = S.settings(master, conf, archive=Path("/cache/jvm.jsa"))["spark.driver.extraJavaOptions"]
+    assert "/cache/jvm.jsa" not in java
+
+
+def test_the_archive_is_named_after_the_java_and_spark_it_was_made_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LEDGE_PIPELINE_CACHE", str(tmp_path / "cache"))
+    homes = []
+    for name in ("a", "b"):
+        home = tmp_path / name
+        (home / "bin").mkdir(parents=True)
+        (home / "lib/server").mkdir(parents=True)
+        (home / "bin/java").write_text("#!/bin/sh\n")
+        (home / "lib/server/libjvm.so").write_text(name)
+        homes.append(home)
+    paths = []
+    for home in homes:
+        monkeypatch.setenv("JAVA_HOME", str(home))
+        archive = S.class_archive()
+        assert archive is not None
+        assert archive.path.parent == tmp_path / "cache"
+        assert archive.java == home / "bin/java"
+        paths.append(archive.path)
+    # the same Java upgraded in place (another JVM library): another archive
+    (homes[1] / "lib/server/libjvm.so").write_text("b, upgraded")
+    upgraded = S.class_archive()
+    monkeypatch.setenv("SPARK_HOME", str(tmp_path / "another-spark"))
+    elsewhere = S.class_archive()
+    assert upgraded is not None and elsewhere is not None
+    assert len({*paths, upgraded.path, elsewhere.path}) == 4
+    assert S.ready_archive() is None  # none of them was written
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-java-here"))
+    assert S.class_archive() is None
+
+
+# ---------------------------------------------------------------------------- end to end
+
+
+PROBE = """
+import sys
+from pipeline.session import build
+spark = build("local[1]", {"spark.driver.extraJavaOptions": sys.argv[1]})
+spark.range(3).count()
+print(spark.sparkContext._jvm.java.lang.System.getProperty("java.class.path"))
+spark.stop()
+"""
+
+
+def _run(
+    command: list[str], env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_prepare_writes_an_archive_that_a_session_loads_spark_from(tmp_path: Path) -> None:
+    env = {**os.environ, "LEDGE_PIPELINE_CACHE": str(tmp_path / "cache")}
+    env.pop("JAVA_HOME", None)
+    prepare = [sys.executable, "-m", "pipeline", "prepare"]
+    done = _run(prepare, env, timeout=280)
+    assert done.returncode == 0, done.stderr
+    archives = sorted((tmp_path / "cache").glob("jvm-*.jsa"))
+    assert len(archives) == 1, sorted((tmp_path / "cache").iterdir())
+    archive = archives[0]
+    written = sorted(p.name for p in archive.parent.iterdir())
+    assert written == [archive.name, f"{archive.stem}.json"]  # (no partial file left)
+    java = S.java_binary()
+    assert java is not None
+
+    # A session of the pipeline's own starts with it and loads Spark's classes from it.
+    log = tmp_path / "classes.log"
+    done = _run([sys.executable, "-c", PROBE, f"-Xlog:class+load=info:file={log}"], env, 120)
+    assert done.returncode == 0, done.stderr
+    class_path = done.stdout.strip().splitlines()[-1]
+    loaded = log.read_text()
+    shared = re.compile(r"org\.apache\.spark\.sql\.SparkSession source: shared objects file")
+    assert shared.search(loaded), "SparkSession was not loaded from the archive"
+    from_archive = loaded.count("source: shared objects file (top)")
+    assert from_archive > 5000, f"only {from_archive} classes came from the archive"
+
+    # The JDK maps it on that class path, and refuses it on another one.
+    def maps(class_path: str) -> subprocess.CompletedProcess[str]:
+        share = ["-Xshare:on", f"-XX:SharedArchiveFile={archive}", "-cp", class_path]
+        return _run([str(java), *share, "-version"], env, 60)
+
+    assert maps(class_path).returncode == 0, maps(class_path).stderr
+    assert maps(str(tmp_path)).returncode != 0
+
+    # Once written, prepare leaves it be.
+    before = archive.stat().st_mtime_ns
+    done = _run(prepare, env, timeout=60)
+    assert done.returncode == 0 and "ready" in done.stderr, done.stderr
+    assert archive.stat().st_mtime_ns == before
