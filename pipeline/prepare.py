@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
-from pipeline.session import ClassArchive, build, class_archive
+from pipeline.session import ClassArchive, build, class_archive, under_spark_submit
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,9 @@ EXIT_TIMEOUT: Final = 600.0
 
 def prepare(force: bool = False) -> int:
     """Write this machine's class archive unless it exists (``force``: again). Exit status."""
+    if under_spark_submit():
+        log.error("prepare: it starts a JVM of its own; run it directly, not under spark-submit")
+        return 1
     archive = class_archive()
     if archive is None:
         log.error("prepare: no java to start (set JAVA_HOME or put java on the PATH)")
@@ -44,19 +47,22 @@ def prepare(force: bool = False) -> int:
     if archive.path.is_file() and not force:
         log.info("prepare: the class archive is ready: %s", archive.path)
         return 0
-    archive.path.parent.mkdir(parents=True, exist_ok=True)
     partial = archive.path.with_name(f"{archive.path.stem}.{os.getpid()}.partial")
     started = time.monotonic()
     log.info("prepare: writing the class archive for %s (about a minute)", archive.java)
     try:
+        archive.path.parent.mkdir(parents=True, exist_ok=True)
         class_path = _record(partial, archive)
         problem = _check(archive.java, partial, class_path)
         if problem:
             log.error("prepare: the archive %s does not load: %s", partial, problem)
             return 1
         os.replace(partial, archive.path)
+    except Exception as exc:  # (runs do without an archive: say why, and stop)
+        log.error("prepare: no class archive written: %s", exc)
+        return 1
     finally:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             partial.unlink()
     made = {**archive.identity, "made": datetime.now(UTC).isoformat(timespec="seconds")}
     archive.about.write_text(json.dumps(made, indent=2) + "\n")

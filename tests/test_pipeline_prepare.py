@@ -141,3 +141,18 @@ def test_prepare_writes_an_archive_that_a_session_loads_spark_from(tmp_path: Pat
     done = _run(prepare, env, timeout=60)
     assert done.returncode == 0 and "ready" in done.stderr, done.stderr
     assert archive.stat().st_mtime_ns == before
+
+
+def test_prepare_says_why_it_wrote_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from pipeline.prepare import prepare
+
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("LEDGE_PIPELINE_CACHE", str(tmp_path / "a-file" / "cache"))
+    assert prepare() == 1
+    assert "no class archive written" in caplog.text and "a-file" in caplog.text
+    caplog.clear()
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1")  # what spark-submit sets
+    assert prepare() == 1
+    assert "not under spark-submit" in caplog.text
