@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write the JVM class archive of this machine's Java and Spark (once, "
         "and again after upgrading either): every later session on a local master maps "
         "Spark's classes from it instead of loading them, and starts seconds sooner. "
-        "Takes about a minute; does nothing when the archive exists. The archive is kept "
+        "Takes under a minute; does nothing when the archive exists. The archive is kept "
         "in $LEDGE_PIPELINE_CACHE, else $XDG_CACHE_HOME/ledge-pipeline (~/.cache).",
     )
     prep.add_argument("--force", action="store_true", help="write it again even if it exists")

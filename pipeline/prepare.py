@@ -49,7 +49,7 @@ def prepare(force: bool = False) -> int:
         return 0
     partial = archive.path.with_name(f"{archive.path.stem}.{os.getpid()}.partial")
     started = time.monotonic()
-    log.info("prepare: writing the class archive for %s (about a minute)", archive.java)
+    log.info("prepare: writing the class archive for %s (under a minute)", archive.java)
     try:
         archive.path.parent.mkdir(parents=True, exist_ok=True)
         class_path = _record(partial, archive)
