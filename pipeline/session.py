@@ -95,7 +95,7 @@ class ClassArchive:
 
     path: Path
     #: What the archive was made from: the java binary, its JVM library's size and
-    #: modification time, Spark's version and home.
+    #: modification time, Spark's version, home and when its jars were written.
     identity: dict[str, str]
 
     @property
@@ -145,11 +145,16 @@ def class_archive() -> ClassArchive | None:
     home = java.parent.parent
     jvm = next((p for p in (home / "lib/server/libjvm.so", java) if p.is_file()), java)
     stat = jvm.stat()
+    spark = Path(os.path.realpath(spark_home()))
+    # The JVM checks each jar's size and time against the archive's: a Spark installed
+    # again (its jars written anew) needs another archive.
+    jars = spark / "jars"
     identity = {
         "java": str(java),
         "jvm": f"{jvm} {stat.st_size} {stat.st_mtime_ns}",
         "spark_version": pyspark.__version__,
-        "spark_home": os.path.realpath(spark_home()),
+        "spark_home": str(spark),
+        "spark_jars": str(jars.stat().st_mtime_ns) if jars.is_dir() else "",
     }
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
     return ClassArchive(cache_dir() / f"jvm-{key}.jsa", identity)

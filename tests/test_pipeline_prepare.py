@@ -71,10 +71,15 @@ def test_the_archive_is_named_after_the_java_and_spark_it_was_made_from(
     # the same Java upgraded in place (another JVM library): another archive
     (homes[1] / "lib/server/libjvm.so").write_text("b, upgraded")
     upgraded = S.class_archive()
-    monkeypatch.setenv("SPARK_HOME", str(tmp_path / "another-spark"))
+    spark = tmp_path / "another-spark"
+    (spark / "jars").mkdir(parents=True)
+    monkeypatch.setenv("SPARK_HOME", str(spark))
     elsewhere = S.class_archive()
-    assert upgraded is not None and elsewhere is not None
-    assert len({*paths, upgraded.path, elsewhere.path}) == 4
+    # the same Spark installed again: its jars written anew (a later time)
+    os.utime(spark / "jars", ns=(10**18, 10**18))
+    reinstalled = S.class_archive()
+    assert upgraded is not None and elsewhere is not None and reinstalled is not None
+    assert len({*paths, upgraded.path, elsewhere.path, reinstalled.path}) == 5
     assert S.ready_archive() is None  # none of them was written
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-java-here"))
     assert S.class_archive() is None
