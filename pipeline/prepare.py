@@ -72,7 +72,29 @@ def prepare(force: bool = False) -> int:
         archive.path.stat().st_size / 2**20,
         time.monotonic() - started,
     )
+    for gone in outdated(archive):
+        log.info("prepare: removed %s (made for a Spark no longer there)", gone)
     return 0
+
+
+def outdated(archive: ClassArchive) -> list[Path]:
+    """Remove the archives beside ``archive`` that no JVM can use any more: made for the
+    Spark at the same place before it was installed again (the JVM refuses them: their
+    jars changed), or for a Spark that is gone. The archives removed."""
+    removed = []
+    for about in sorted(archive.path.parent.glob("jvm-*.json")):
+        if about == archive.about:
+            continue
+        try:
+            home = json.loads(about.read_text()).get("spark_home", "")
+        except (OSError, ValueError, AttributeError):
+            continue  # (not ours to judge)
+        if home == archive.identity["spark_home"] or not Path(home, "jars").is_dir():
+            for path in (about.with_suffix(".jsa"), about):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+            removed.append(about.with_suffix(".jsa"))
+    return removed
 
 
 def _record(partial: Path, archive: ClassArchive) -> str:

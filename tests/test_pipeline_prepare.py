@@ -7,6 +7,7 @@ Spark's classes from it (the JVM's class-loading log names where each class came
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -161,3 +162,36 @@ def test_prepare_says_why_it_wrote_nothing(
     monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1")  # what spark-submit sets
     assert prepare() == 1
     assert "not under spark-submit" in caplog.text
+
+
+def test_prepare_removes_the_archives_no_jvm_can_use(tmp_path: Path) -> None:
+    from pipeline.prepare import outdated
+
+    here, there = tmp_path / "spark-here", tmp_path / "spark-there"
+    for spark in (here, there):
+        (spark / "jars").mkdir(parents=True)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+
+    def made(name: str, **identity: str) -> S.ClassArchive:
+        archive = S.ClassArchive(cache / f"jvm-{name}.jsa", identity)
+        archive.path.write_bytes(b"archive")
+        archive.about.write_text(json.dumps(identity))
+        return archive
+
+    new = made("new", spark_home=str(here))
+    made("before-reinstall", spark_home=str(here))  # same place, older jars
+    made("other-install", spark_home=str(there))  # another install still there
+    made("gone", spark_home=str(tmp_path / "removed-venv"))
+    (cache / "jvm-unreadable.json").write_text("not json")
+    (cache / "notes.txt").write_text("someone else's")
+    removed = outdated(new)
+    assert sorted(p.name for p in removed) == ["jvm-before-reinstall.jsa", "jvm-gone.jsa"]
+    assert sorted(p.name for p in cache.iterdir()) == [
+        "jvm-new.jsa",
+        "jvm-new.json",
+        "jvm-other-install.jsa",
+        "jvm-other-install.json",
+        "jvm-unreadable.json",
+        "notes.txt",
+    ]
