@@ -73,7 +73,7 @@ def prepare(force: bool = False) -> int:
         time.monotonic() - started,
     )
     for gone in outdated(archive):
-        log.info("prepare: removed %s (made for a Spark no longer there)", gone)
+        log.info("prepare: removed %s (made for a Spark since installed again, or gone)", gone)
     return 0
 
 
