@@ -40,11 +40,13 @@ def minutes(readings: DataFrame) -> DataFrame:
     any kind. One pass over the readings for every gold table of sensors.
 
     The sum adds a minute's values in the order of their time (see ``ordered_sum``):
-    each minute's readings are brought to one task and sorted, and aggregated there."""
+    each sensor's readings are brought to one task and sorted, and aggregated there.
+    (By sensor, not by minute: the hour aggregates and the gaps group by sensor too, so
+    Spark finds the minute rows already placed and shuffles no more.)"""
     plausible = readings.where(~F.col("implausible"))
     keys = [*SENSOR, "unit", "start"]
     minute = plausible.select("*", F.date_trunc("minute", "timestamp").alias("start"))
-    ordered = minute.repartition(*keys).sortWithinPartitions(*keys, "timestamp", "value")
+    ordered = minute.repartition(*SENSOR).sortWithinPartitions(*keys, "timestamp", "value")
     return ordered.groupBy(*keys).agg(
         F.count("value").alias("count"),
         F.min("value").alias("min"),
