@@ -49,6 +49,35 @@ def test_no_archive_where_it_cannot_apply(master: str, conf: dict[str, str]) -> 
     assert "/cache/jvm.jsa" not in java
 
 
+def test_a_local_run_waits_longer_for_the_optimising_compiler() -> None:
+    """A local run (not a cluster's driver, not the tests' quick JVM) raises C2's
+    thresholds, which the JDK's own java takes as given; the user's options come later
+    and win."""
+    java = S.settings("local[2]", {})["spark.driver.extraJavaOptions"].split()
+    batch = S.BATCH_JIT.split()
+    assert set(batch) <= set(java)
+    for master, fast in (("spark://127.0.0.1:7077", False), ("local[2]", True)):
+        assert not set(batch) & set(
+            S.settings(master, {}, fast)["spark.driver.extraJavaOptions"].split()
+        )
+    own = S.settings(
+        "local[2]", {"spark.driver.extraJavaOptions": "-XX:Tier4InvocationThreshold=7"}
+    )
+    options = own["spark.driver.extraJavaOptions"].split()
+    binary = S.java_binary()
+    assert binary is not None
+    given = [o for o in options if o.startswith("-XX:")]
+    flags = subprocess.run(
+        [str(binary), *given, "-XX:+PrintFlagsFinal", "-version"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    final = dict(re.findall(r"^\s*\w+\s+(\w+)\s+=\s+(\S+)", flags, re.M))
+    assert final["Tier4InvocationThreshold"] == "7"  # the user's, given last
+    assert final["Tier4CompileThreshold"] == "150000"
+    assert final["Tier4BackEdgeThreshold"] == "400000"
+    assert final["FreqInlineSize"] == "100"
+
+
 def test_the_archive_is_named_after_the_java_and_spark_it_was_made_from(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
