@@ -49,7 +49,7 @@ THROUGHPUT_GC: Final = "-XX:+UseParallelGC"
 #: for each query, and C2 spent about a third of a run's CPU (18 of 57 s at 1M landing
 #: lines) compiling code that ran too briefly to repay it; the quick compiler (C1)
 #: still compiles the rest. At 1M landing lines the thresholds took a run from 31.4 to
-#: 29.4 s, and the inlining limit 1.3 s more (means of 8 to 10 runs). A later option
+#: 29.4 s, and the inlining limit to 27.4 s (means of 8 to 10 runs). A later option
 #: (``--conf spark.driver.extraJavaOptions``) overrides each.
 BATCH_JIT: Final = (
     "-XX:Tier4InvocationThreshold=50000 -XX:Tier4MinInvocationThreshold=6000 "
