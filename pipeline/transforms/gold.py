@@ -44,8 +44,8 @@ def minutes(readings: DataFrame) -> DataFrame:
     times), and aggregated there. The aggregation keeps a sum per minute and adds each
     row to its minute's as the rows come, so every minute's values are added in time
     order without its rows being sorted together: a sort whose first key is the time
-    compares 8-byte prefixes, where one by the sensor's names compares rows (gold's
-    minutes took half the task time). (By sensor, not by minute: the hour aggregates and
+    compares 8-byte prefixes, where one by the sensor's names compares rows (it took
+    twice the task time). (By sensor, not by minute: the hour aggregates and
     the gaps group by sensor too, so Spark finds the minute rows already placed and
     shuffles no more.)"""
     plausible = readings.where(~F.col("implausible"))
