@@ -35,6 +35,7 @@ from operator import itemgetter
 from typing import Any, Final
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from orjson import loads as _fast_loads  # the lander's own records: 4x json.loads
 
 from drivers.model import (
@@ -89,10 +90,24 @@ EXTRA: Final[dict[str, str]] = {
 }
 EXTRA_USUAL: Final = (1, False, True) + (None,) * 7 + (False, None, None)
 FIELDS: Final = (*JUDGED, *EXTRA)
+
+#: The JVM judge (``pipeline/java/LineJudge.java``): a fast path for the landing line a
+#: Ledge bridge's reading makes, registered as this SQL function of the session (when
+#: its jar is on the class path). It returns these fields of a reading (``JUDGED``
+#: without ``kind``, times in microseconds and ``day`` in days since the epoch, ``extra``
+#: usual), or null for every other line, which this module's judge then judges.
+JVM_JUDGE: Final = "ledge_judge_line"
+JVM_CLASS: Final = "ledge.pipeline.LineJudge"
+JVM_JUDGED: Final = {
+    **{name: kind for name, kind in JUDGED.items() if name != "kind"},
+    "received": "long",
+    "timestamp": "long",
+    "day": "int",
+}
 Row = tuple[Any, ...]
 
 EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
-_US: Final = timedelta(microseconds=1)
+US: Final = timedelta(microseconds=1)
 _DAY_US: Final = 86_400_000_000
 #: Sequence numbers are stored as longs: at most 18 digits.
 _SEQ_LIMIT: Final = 10**18
@@ -105,6 +120,8 @@ _NAME: Final = re.compile(r"[^$/+#\x00][^/+#\x00]{0,127}")
 _SEQ: Final = re.compile(r"[0-9]{1,18}")
 
 UNREADABLE: Final = "unreadable landing line (not a landing record)"
+#: A landing line with bytes that are not UTF-8 (a damaged file): kept whole as it is.
+NOT_UTF8_LINE: Final = "unreadable landing line (not UTF-8 text)"
 NOT_UTF8: Final = "payload is not JSON (not UTF-8 text)"
 NOT_JSON: Final = "payload is not JSON"
 UNMARKED: Final = (
@@ -118,7 +135,7 @@ _TOPICS: Final = 65_536
 
 def micros(at: datetime) -> int:
     """An aware datetime as microseconds since the epoch."""
-    return (at - EPOCH) // _US
+    return (at - EPOCH) // US
 
 
 def storable(text: str) -> bool:
@@ -319,7 +336,7 @@ class Judge:
         self.head = cfg.prefix + "/"
         #: the contract reads a one-level prefix; a longer one is replaced by this
         self.one_level = "/" not in cfg.prefix
-        self.tolerance = cfg.future_tolerance // _US
+        self.tolerance = cfg.future_tolerance // US
         self.earliest = micros(cfg.earliest)
         self.horizon = cfg.horizon_days
         self.topic_rule = f"is not {cfg.prefix}/<gateway>/<driver>/<device>/<quantity>"
@@ -538,11 +555,26 @@ class Judge:
         return kind, None, False, day
 
 
-def _unreadable() -> Row:
+def _unreadable(reason: str = UNREADABLE) -> Row:
     return (
         None, None, None, None, QUARANTINED, *((None,) * 7), None, None, False, None,
-        UNREADABLE, *((None,) * 5), False, None, None,
+        reason, *((None,) * 5), False, None, None,
     )  # fmt: skip
+
+
+def _texts(lines: pa.Array) -> list[str | None]:
+    """The lines as text; a line whose bytes are not UTF-8 (Spark reads a damaged file's
+    bytes as they are) as None, where a batch would otherwise fail whole."""
+    try:
+        return lines.to_pylist()  # type: ignore[no-any-return]
+    except UnicodeDecodeError:
+        out: list[str | None] = []
+        for data in lines.cast(pa.binary()).to_pylist():
+            try:
+                out.append(data.decode("utf-8"))
+            except UnicodeDecodeError:
+                out.append(None)
+        return out
 
 
 def _refused(
@@ -685,8 +717,13 @@ def arrow_judge(cfg: PipelineConfig) -> Callable[[pa.Array], pa.Array]:
     extra_type = pa.struct(extra)
 
     def judged(lines: pa.Array) -> pa.Array:
+        if lines.null_count:  # lines judged already (silver's JVM judge): null rows
+            valid = pc.is_valid(lines)
+            some = judged(lines.filter(valid))
+            index = pc.subtract(pc.cumulative_sum(valid.cast(pa.int32())), 1)
+            return some.take(pc.if_else(valid, index, pa.scalar(None, pa.int32())))
         one = judge.line
-        rows = [one(text) for text in lines.to_pylist()]
+        rows = [_unreadable(NOT_UTF8_LINE) if t is None else one(t) for t in _texts(lines)]
         if not rows:
             return pa.array([], arrow_type())
         # column by column (transposing whole rows costs twice as much)
