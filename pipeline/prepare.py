@@ -1,4 +1,5 @@
-"""``ledge-pipeline prepare``: the JVM class archive of this machine's Java and Spark.
+"""``ledge-pipeline prepare``: the JVM class archive of this machine's Java and Spark, and
+silver's JVM judge compiled (``pipeline.session.ready_judge``).
 
 A fresh JVM loads, parses and verifies some ten thousand of Spark's classes before and
 during its first queries. A class archive (the JVM's class data sharing, a dynamic
@@ -27,7 +28,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
-from pipeline.session import ClassArchive, build, class_archive, under_spark_submit
+from pipeline.session import (
+    ClassArchive,
+    build,
+    class_archive,
+    ready_judge,
+    under_spark_submit,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +51,9 @@ def prepare(force: bool = False) -> int:
     if archive is None:
         log.error("prepare: no java to start (set JAVA_HOME or put java on the PATH)")
         return 1
+    judge = ready_judge()
+    if judge is not None:
+        log.info("prepare: the JVM judge is ready: %s", judge)
     if archive.path.is_file() and not force:
         log.info("prepare: the class archive is ready: %s", archive.path)
         return 0

@@ -7,23 +7,39 @@
 The settings below are the pipeline's own (UTC, dynamic partition overwrite); ``--conf``
 values override them, so a cluster's tuning stays with the operator. A local JVM starts
 with the class archive ``ledge-pipeline prepare`` wrote for this Java and Spark, if any.
+
+Every session gets silver's JVM judge (``pipeline/java/LineJudge.java``) on its class
+path and as the SQL function ``judge.JVM_JUDGE``: it judges the lines a Ledge bridge's
+readings make where Spark reads them, and leaves every other line to the Python judge.
+Nothing depends on it but speed: without a JDK's ``javac`` (a JRE alone) there is no jar,
+and silver judges every line in Python. The jar is compiled once with this machine's
+``javac`` against Spark's jars into the cache directory, named after the source and
+Spark's version (``ledge-pipeline prepare`` builds it ahead; otherwise the first session
+does, in about two seconds).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import re
 import shutil
+import subprocess
 import sys
+import tempfile
+import zipfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 from pyspark.sql import SparkSession
+
+from pipeline.schema import struct
+from pipeline.transforms.judge import JVM_CLASS, JVM_JUDGE, JVM_JUDGED
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +195,82 @@ def ready_archive() -> Path | None:
     return archive.path if archive is not None and archive.path.is_file() else None
 
 
+# -------------------------------------------------------------------- the JVM judge
+
+JUDGE_SOURCE: Final = Path(__file__).with_name("java") / "LineJudge.java"
+#: How long javac may take (about two seconds here).
+COMPILE_TIMEOUT: Final = 300.0
+
+
+def judge_jar() -> Path:
+    """Where the JVM judge's jar for this source and Spark is kept (it may not exist yet)."""
+    import pyspark
+
+    source = JUDGE_SOURCE.read_bytes() + pyspark.__version__.encode()
+    return cache_dir() / f"judge-{hashlib.sha256(source).hexdigest()[:16]}.jar"
+
+
+def javac() -> Path | None:
+    """The ``javac`` beside the java Spark starts, when that Java is a JDK."""
+    java = java_binary()
+    found = java.with_name("javac") if java is not None else None
+    return found if found is not None and found.is_file() else None
+
+
+def ready_judge() -> Path | None:
+    """The JVM judge's jar, compiled now if it is not there yet; None (the reason
+    logged) when it cannot be: silver then judges every line in Python."""
+    path = judge_jar()
+    if path.is_file():
+        return path
+    compiler = javac()
+    if compiler is None:
+        log.info("no javac (a JDK) beside java: silver judges every landing line in Python")
+        return None
+    with tempfile.TemporaryDirectory(prefix="ledge-judge-") as tmp:
+        classes = Path(tmp, "classes")
+        command = [
+            str(compiler), "--release", "17", "-nowarn", "-d", str(classes),
+            "-cp", str(spark_home() / "jars" / "*"), str(JUDGE_SOURCE),
+        ]  # fmt: skip
+        try:
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("the JVM judge was not compiled (%s): lines are judged in Python", exc)
+            return None
+        if done.returncode != 0:
+            why = (done.stderr or done.stdout).strip()[-2000:]
+            log.warning("the JVM judge does not compile (lines are judged in Python): %s", why)
+            return None
+        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as jar:
+                for made in sorted(classes.rglob("*.class")):
+                    jar.write(made, made.relative_to(classes).as_posix())
+            os.replace(partial, path)
+        except OSError as exc:
+            log.warning("the JVM judge's jar was not written (%s): lines are judged in Python", exc)
+            with contextlib.suppress(OSError):
+                partial.unlink(missing_ok=True)
+            return None
+    log.info("compiled the JVM judge: %s", path)
+    return path
+
+
+def register_judge(spark: SparkSession) -> bool:
+    """Make ``JVM_JUDGE`` a function of ``spark`` when the judge's class loads (its jar is
+    on the class path); False, and silver judges in Python, when it does not."""
+    try:
+        spark.udf.registerJavaFunction(JVM_JUDGE, JVM_CLASS, struct(JVM_JUDGED))
+    except Exception as exc:  # the class is not on this session's class path
+        log.info("the JVM judge is not on the class path (%s): lines are judged in Python", exc)
+        return False
+    return True
+
+
 # ----------------------------------------------------------------------------- settings
 
 
@@ -187,12 +279,14 @@ def settings(
     conf: Mapping[str, str],
     fast_jvm: bool = False,
     archive: Path | None = None,
+    judge: Path | None = None,
 ) -> dict[str, str]:
     """Every setting the session is built with (the master under ``spark.master``).
 
     ``archive``: a class archive (``ready_archive``) a local JVM starts with, unless the
     options already choose the JVM's class sharing or put classes before Spark's (the
-    archive then no longer matches the class path)."""
+    archive then no longer matches the class path). ``judge``: the JVM judge's jar
+    (``ready_judge``), added to ``spark.jars`` after the user's own."""
     out = dict(DEFAULTS)
     if master is not None:
         out["spark.master"] = master
@@ -236,6 +330,8 @@ def settings(
         java.append(user_java)
     out["spark.driver.extraJavaOptions"] = " ".join(java)
     out.update({k: v for k, v in conf.items() if k != "spark.driver.extraJavaOptions"})
+    if judge is not None:
+        out["spark.jars"] = ",".join(filter(None, (conf.get("spark.jars"), str(judge))))
     return out
 
 
@@ -248,7 +344,7 @@ def build(
     """A SparkSession with the pipeline's settings (see the module docstring); a local
     one starts with this machine's class archive when ``ledge-pipeline prepare`` made it."""
     builder = SparkSession.builder.appName(app_name)
-    chosen = settings(master, conf or {}, fast_jvm, ready_archive())
+    chosen = settings(master, conf or {}, fast_jvm, ready_archive(), ready_judge())
     if local_cores(chosen.get("spark.master", "")) and "spark.pyspark.python" not in chosen:
         # Silver's rules run in Python workers: in-process, this interpreter with the
         # pipeline's packages (on a cluster, the operator names the executors' Python
@@ -258,6 +354,7 @@ def build(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    register_judge(spark)
     log.info(
         "spark %s on %s (%d cores for tasks)",
         spark.version,

@@ -45,11 +45,25 @@ def judged(lines: DataFrame, cfg: PipelineConfig) -> DataFrame:
     of ``judge.JUDGED`` with ``day`` set for every row (the landing day where the judge
     set none), ``extra`` (``judge.EXTRA``, null when usual), the line (kept only when
     it is not a landing record), its file and landing day. Only the line travels to
-    Python; its file and landing day wait here."""
+    Python; its file and landing day wait here.
+
+    When the session has the JVM judge (``judge.JVM_JUDGE``), it judges the lines of a
+    bridge's readings first, and only the others travel to Python (the rest as nulls)."""
     schema = T.StructType([*struct(J.JUDGED).fields, T.StructField("extra", struct(J.EXTRA))])
     # (PySpark's stubs know a scalar Arrow UDF only by the functionType it now warns about)
     judge = arrow_udf(J.arrow_judge(cfg), schema.simpleString())  # type: ignore[call-overload]
-    out = lines.select("line", "file", "landing_date", judge("line").alias("_j"))
+    if not lines.sparkSession.catalog.functionExists(J.JVM_JUDGE):
+        out = lines.select("line", "file", "landing_date", judge("line").alias("_j"))
+    else:
+        fast = jvm_judged(F.col("line"), cfg)
+        first = lines.select("line", "file", "landing_date", fast.alias("_fast"))
+        reading = F.struct(
+            *[_from_jvm(name).alias(name) for name in J.JUDGED],
+            F.lit(None).cast(struct(J.EXTRA)).alias("extra"),
+        )
+        rest = judge(F.when(F.col("_fast").isNull(), F.col("line")))
+        either = F.when(F.col("_fast").isNotNull(), reading).otherwise(rest)
+        out = first.select("line", "file", "landing_date", either.alias("_j"))
     unreadable = F.coalesce(~F.col("_j.extra.readable"), F.lit(False))
     return out.select(
         F.when(unreadable, F.col("line")).alias("line"),
@@ -59,6 +73,29 @@ def judged(lines: DataFrame, cfg: PipelineConfig) -> DataFrame:
         F.coalesce(F.col("_j.day"), F.col("landing_date")).alias("day"),
         F.col("_j.extra").alias("extra"),
     )
+
+
+def jvm_judged(line: Column, cfg: PipelineConfig) -> Column:
+    """The JVM judge's reading of ``line`` (``judge.JVM_JUDGED``), or null: the Python
+    judge's then."""
+    return F.call_udf(
+        J.JVM_JUDGE,
+        line,
+        F.lit(cfg.prefix),
+        F.lit(cfg.future_tolerance // J.US).cast("long"),
+        F.lit(J.micros(cfg.earliest)).cast("long"),
+        F.lit(cfg.horizon_days),
+    )
+
+
+def _from_jvm(name: str) -> Column:
+    """A field of ``judge.JUDGED`` from the JVM judge's reading (``_fast``)."""
+    if name == "kind":
+        return F.lit(J.READING)
+    value = F.col(f"_fast.{name}")
+    if J.JVM_JUDGED[name] == "long" and J.JUDGED[name] == "timestamp":
+        return F.timestamp_micros(value)
+    return F.date_from_unix_date(value) if name == "day" else value
 
 
 def _extra(name: str) -> Column:
