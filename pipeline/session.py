@@ -220,6 +220,9 @@ def javac() -> Path | None:
 def ready_judge() -> Path | None:
     """The JVM judge's jar, compiled now if it is not there yet; None (the reason
     logged) when it cannot be: silver then judges every line in Python."""
+    if not JUDGE_SOURCE.is_file():
+        log.warning("%s is missing: silver judges every landing line in Python", JUDGE_SOURCE)
+        return None
     path = judge_jar()
     if path.is_file():
         return path

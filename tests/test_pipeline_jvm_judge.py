@@ -13,7 +13,9 @@ The JVM judge must take a good share of them, or the comparison would prove noth
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import json
+import tomllib
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -313,6 +315,20 @@ def test_a_session_without_javac_judges_in_python(
         assert S.ready_judge() is None
     assert "no javac" in caplog.text
     assert "spark.jars" not in S.settings("local[2]", {}, judge=None)
+
+
+def test_the_source_is_installed_with_the_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A wheel carries the Java source (package data); a source gone judges in Python."""
+    data = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    patterns = data["tool"]["setuptools"]["package-data"]["pipeline"]
+    relative = S.JUDGE_SOURCE.relative_to(Path(S.__file__).parent).as_posix()
+    assert any(fnmatch.fnmatch(relative, p) for p in patterns), patterns
+    monkeypatch.setattr(S, "JUDGE_SOURCE", tmp_path / "LineJudge.java")
+    with caplog.at_level("INFO", logger=S.__name__):
+        assert S.ready_judge() is None
+    assert "is missing" in caplog.text
 
 
 def test_the_jar_is_compiled_once_per_source_and_spark(
