@@ -282,7 +282,10 @@ def canonical(payload: str) -> tuple[Any, str, datetime] | None:
             if not math.isfinite(value):
                 return None
         else:
-            value = int(integer)
+            try:
+                value = int(integer)
+            except ValueError:  # beyond Python's digit limit: the contract's to refuse
+                return None
     elif boolean is not None:
         value = boolean == "true"
     else:
