@@ -206,8 +206,25 @@ def judge_jar() -> Path:
     """Where the JVM judge's jar for this source and Spark is kept (it may not exist yet)."""
     import pyspark
 
-    source = JUDGE_SOURCE.read_bytes() + pyspark.__version__.encode()
+    spark = f"{pyspark.__version__} {os.path.realpath(spark_home())}".encode()
+    source = JUDGE_SOURCE.read_bytes() + spark
     return cache_dir() / f"judge-{hashlib.sha256(source).hexdigest()[:16]}.jar"
+
+
+def default_jars() -> str:
+    """``spark.jars`` of the ``spark-defaults.conf`` spark-submit reads (``$SPARK_CONF_DIR``,
+    else Spark's ``conf/``), which a value the session is built with would replace."""
+    folder = os.environ.get("SPARK_CONF_DIR") or str(spark_home() / "conf")
+    try:
+        lines = Path(folder, "spark-defaults.conf").read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return ""
+    found = ""
+    for line in lines:  # (java.util.Properties: key=value, key:value or key value)
+        match = re.fullmatch(r"\s*spark\.jars\s*[=:\s]\s*(.*?)\s*", line)
+        if match:
+            found = match.group(1)
+    return found
 
 
 def javac() -> Path | None:
@@ -289,7 +306,8 @@ def settings(
     ``archive``: a class archive (``ready_archive``) a local JVM starts with, unless the
     options already choose the JVM's class sharing or put classes before Spark's (the
     archive then no longer matches the class path). ``judge``: the JVM judge's jar
-    (``ready_judge``), added to ``spark.jars`` after the user's own."""
+    (``ready_judge``), added to ``spark.jars`` after the user's own (``conf``'s, else
+    ``spark-defaults.conf``'s)."""
     out = dict(DEFAULTS)
     if master is not None:
         out["spark.master"] = master
@@ -334,7 +352,8 @@ def settings(
     out["spark.driver.extraJavaOptions"] = " ".join(java)
     out.update({k: v for k, v in conf.items() if k != "spark.driver.extraJavaOptions"})
     if judge is not None:
-        out["spark.jars"] = ",".join(filter(None, (conf.get("spark.jars"), str(judge))))
+        own = conf.get("spark.jars", default_jars())
+        out["spark.jars"] = ",".join(filter(None, (own, str(judge))))
     return out
 
 
@@ -347,7 +366,9 @@ def build(
     """A SparkSession with the pipeline's settings (see the module docstring); a local
     one starts with this machine's class archive when ``ledge-pipeline prepare`` made it."""
     builder = SparkSession.builder.appName(app_name)
-    chosen = settings(master, conf or {}, fast_jvm, ready_archive(), ready_judge())
+    # (under spark-submit its JVM runs already: the judge is there when --jars names it)
+    judge = None if under_spark_submit() else ready_judge()
+    chosen = settings(master, conf or {}, fast_jvm, ready_archive(), judge)
     if local_cores(chosen.get("spark.master", "")) and "spark.pyspark.python" not in chosen:
         # Silver's rules run in Python workers: in-process, this interpreter with the
         # pipeline's packages (on a cluster, the operator names the executors' Python

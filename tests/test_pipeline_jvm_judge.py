@@ -297,6 +297,17 @@ def test_silver_judges_in_python_alone_without_the_jvm_judge(spark: SparkSession
     assert (row["kind"], row["value"], row["unit"], row["seq"]) == ("reading", 1.0, "V", 5)
 
 
+def test_a_horizon_beyond_an_int_is_judged_alike(spark: SparkSession) -> None:
+    """The JVM judge takes the horizon as an int: a larger one (any date is in reach)
+    must not fail the job."""
+    cfg = PipelineConfig(horizon_days=2**40)
+    line = own_line(payload='{"value":1,"unit":"","timestamp":"1999-11-21T10:00:00Z"}')
+    frame = spark.createDataFrame([(line, "f", date(2026, 11, 21))], silver.LINES)
+    assert frame.select(silver.jvm_judged(F.col("line"), cfg).isNotNull()).first()[0]  # type: ignore[index]
+    [row] = silver.judged(frame, cfg).collect()
+    assert (row["kind"], row["implausible"], row["day"]) == ("reading", True, date(2026, 11, 21))
+
+
 # ------------------------------------------------------------------------- the jar
 
 
@@ -345,3 +356,11 @@ def test_the_jar_is_compiled_once_per_source_and_spark(
     assert S.judge_jar() != jar  # another source, another jar
     conf = S.settings("local[2]", {"spark.jars": "/opt/own.jar"}, judge=jar)
     assert conf["spark.jars"] == f"/opt/own.jar,{jar}"  # after the user's own
+    # ... and after spark-defaults.conf's, which the session's value would replace
+    (tmp_path / "spark-defaults.conf").write_text(
+        "# jars\nspark.jars\t/opt/a.jar,/opt/b.jar  \nspark.jarsx /no\n"
+    )
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    conf = S.settings("local[2]", {}, judge=jar)
+    assert conf["spark.jars"] == f"/opt/a.jar,/opt/b.jar,{jar}"
+    assert S.settings("local[2]", {"spark.jars": ""}, judge=jar)["spark.jars"] == str(jar)

@@ -84,7 +84,8 @@ def jvm_judged(line: Column, cfg: PipelineConfig) -> Column:
         F.lit(cfg.prefix),
         F.lit(cfg.future_tolerance // J.US).cast("long"),
         F.lit(J.micros(cfg.earliest)).cast("long"),
-        F.lit(cfg.horizon_days),
+        # (an int; no date is 2^31 days after another)
+        F.lit(min(cfg.horizon_days, 2**31 - 1)),
     )
 
 
