@@ -211,3 +211,4 @@ class Paho:
         sock = self.client.socket()
         if sock is not None:
             sock.close()
+        self._release()

@@ -295,6 +295,10 @@ def run(
         for client in [p.client for p in publishers] + [s.client for s in subscribers]:
             client.loop_stop()
             client.disconnect()
+            # paho's wake-up socket pair, closed now: each client sits in a reference
+            # cycle (its callbacks are methods of the object holding it), and the
+            # collector may finalize the pair before paho closes it ("unclosed socket")
+            client._reset_sockets()
         broker.stop()
     problems: list[str] = []
     last = max(expected[RETAINED], default=0)
