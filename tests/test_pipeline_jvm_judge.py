@@ -238,11 +238,7 @@ def test_the_session_has_the_jvm_judge(spark: SparkSession) -> None:
 def test_the_jvm_judge_judges_as_the_python_judge_does(spark: SparkSession) -> None:
     lines = drawn(bridge_line(), 15) + drawn(marked_line() | landing_line(), 3)
     # the gateway's own lines, as the lander writes them, are the JVM judge's to take
-    lines += [json.dumps(
-        {"topic": "ledge/gw1/serial/env/t", "payload": payload, "qos": 1, "retain": False,
-         "gateway": "gw1", "seq": str(i), "received": "2026-11-21T10:00:00.123456Z"},
-        ensure_ascii=False, separators=(",", ":"),
-    ) for i, payload in enumerate(drawn(payloads(), 3))]  # fmt: skip
+    lines += [own_line(payload=p, seq=str(i)) for i, p in enumerate(drawn(payloads(), 3))]
     lines += EDGES
     taken = taken_by_jvm(spark, lines)
     # (about a quarter: the rest were changed past what it takes, and go to Python)

@@ -52,18 +52,18 @@ def judged(lines: DataFrame, cfg: PipelineConfig) -> DataFrame:
     schema = T.StructType([*struct(J.JUDGED).fields, T.StructField("extra", struct(J.EXTRA))])
     # (PySpark's stubs know a scalar Arrow UDF only by the functionType it now warns about)
     judge = arrow_udf(J.arrow_judge(cfg), schema.simpleString())  # type: ignore[call-overload]
-    if not lines.sparkSession.catalog.functionExists(J.JVM_JUDGE):
-        out = lines.select("line", "file", "landing_date", judge("line").alias("_j"))
-    else:
+    if lines.sparkSession.catalog.functionExists(J.JVM_JUDGE):
         fast = jvm_judged(F.col("line"), cfg)
-        first = lines.select("line", "file", "landing_date", fast.alias("_fast"))
+        lines = lines.select("line", "file", "landing_date", fast.alias("_fast"))
         reading = F.struct(
             *[_from_jvm(name).alias(name) for name in J.JUDGED],
             F.lit(None).cast(struct(J.EXTRA)).alias("extra"),
         )
         rest = judge(F.when(F.col("_fast").isNull(), F.col("line")))
         either = F.when(F.col("_fast").isNotNull(), reading).otherwise(rest)
-        out = first.select("line", "file", "landing_date", either.alias("_j"))
+    else:
+        either = judge("line")
+    out = lines.select("line", "file", "landing_date", either.alias("_j"))
     unreadable = F.coalesce(~F.col("_j.extra.readable"), F.lit(False))
     return out.select(
         F.when(unreadable, F.col("line")).alias("line"),
