@@ -125,6 +125,14 @@ def staged(spark: SparkSession) -> dict[tuple[str | None, int | None], list[dict
         # a sequence number used twice by different messages
         of_reading(reading(1.0), 5, T0),
         of_reading(reading(2.0), 5, T0 + s),
+        # ... and the second of them redelivered
+        of_reading(reading(1.0), 6, T0),
+        of_reading(reading(2.0), 6, T0 + 3 * s, file="b"),
+        of_reading(reading(2.0), 6, T0 + 2 * s, file="c"),
+        # two refused messages under one sequence number, the first redelivered
+        line("ledge/gw1/serial/env/t", b"not json", 9, T0 + s),
+        line("ledge/gw1/serial/env/t", b"not json", 9, T0 + 2 * s),
+        line("ledge/gw1/serial/env/t", b"{}", 9, T0),
         # an MQTT 3.1.1 bridge's envelope, twice
         line(reading_topic(opened, "gw9"), wrapped, None, T0),
         line(reading_topic(opened, "gw9"), wrapped, None, T0 + 3 * s),
@@ -174,6 +182,19 @@ def test_a_reused_sequence_number_is_quarantined_not_merged(staged: Staged) -> N
     assert [g["value"] for g in rows if g["kind"] == "reading"] == [1.0]
     (bad,) = [g for g in rows if g["kind"] == "quarantine"]
     assert bad["reason"].startswith("ledge-seq 5 of gateway 'gw1' was already used")
+
+
+def test_copies_of_a_message_under_a_reused_sequence_number_are_folded(staged: Staged) -> None:
+    rows = sorted(staged[("gw1", 6)], key=lambda g: g["kind"])
+    assert [(g["kind"], g["copies"]) for g in rows] == [("quarantine", 2), ("reading", 1)]
+    assert rows[0]["received"] == (T0 + timedelta(seconds=2)).replace(tzinfo=None)
+    assert json.loads(rows[0]["payload"])["value"] == 2.0
+    assert rows[0]["reason"].endswith(f"(received first at {T0.replace(tzinfo=None)})")
+
+
+def test_copies_of_refused_messages_are_quarantined_once_each(staged: Staged) -> None:
+    rows = {g["payload"]: (g["kind"], g["copies"]) for g in staged[("gw1", 9)]}
+    assert rows == {"not json": ("quarantine", 2), "{}": ("quarantine", 1)}
 
 
 def test_envelopes_from_a_311_bridge_are_opened(staged: Staged) -> None:

@@ -116,8 +116,9 @@ def deduplicate(judged: DataFrame) -> DataFrame:
     They are grouped with the messages judged for the same day: accepted messages by
     their silver day, refused ones by their landing day (so a redelivered bad message is
     quarantined once). In a group of accepted messages, a different message under a
-    sequence number already used is quarantined, never merged. The order is total
-    (receive time, file, content), so the same input always keeps the same copy."""
+    sequence number already used is quarantined, never merged, and its own copies are
+    folded into it as well. The order is total (receive time, file, content), so the same
+    input always keeps the same copy."""
     acceptable = F.col("kind").isin(READING, HEALTH_REPORT)
     marked = F.col("bridge").isNotNull() & F.col("seq").isNotNull()
     # (the sequence number first: rows are sorted by the group's columns in this order, and
@@ -134,44 +135,46 @@ def deduplicate(judged: DataFrame) -> DataFrame:
     content = ("topic", "payload", "_b64")  # the landing record's own
     # A hash completes the order cheaply; copies are told apart by the content itself.
     digest = F.xxhash64(*[F.concat(F.lit("<"), F.col(c)) for c in content])
-    # The group's key and the digest as columns: both windows then partition by the same
-    # columns, and Spark shuffles and sorts the rows once for the two (with expressions,
-    # each window would shuffle every row again).
+    order = ("received", "file", "_digest")
     keys = [f"_g{i}" for i in range(len(group))]
     keyed = judged.select(
         "*",
         *[g.alias(k) for g, k in zip(group, keys, strict=True)],
         F.col("extra.payload_base64").alias("_b64"),
     )
-    keyed = keyed.select("*", digest.alias("_digest"))
-    in_order = Window.partitionBy(*keys).orderBy("received", "file", "_digest")
-    everyone = Window.partitionBy(*keys)
-    ranked = keyed.select(
-        "*",
-        F.row_number().over(in_order).alias("_rank"),
-        *[F.first(c).over(in_order).alias(f"_first{c}") for c in content],
-        F.first("received").over(in_order).alias("_first_received"),
+    # The group's key, then the content, then the order: one shuffle by the group and one
+    # sort serve both windows (by message, and by group), which Spark would otherwise
+    # shuffle and sort again for the second.
+    placed = (
+        keyed.select("*", digest.alias("_digest"))
+        .repartition(*keys)
+        .sortWithinPartitions(*keys, *content, *order)
     )
-    same = F.lit(True)
-    for c in content:
-        same = same & F.col(c).eqNullSafe(F.col(f"_first{c}"))
-    counted = ranked.select("*", F.sum(same.cast("int")).over(everyone).alias("_copies"))
+    message = Window.partitionBy(*keys, *content).orderBy(*order)
+    everything = message.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    ranked = placed.select(
+        "*",
+        F.row_number().over(message).alias("_rank"),
+        F.count(F.lit(1)).over(everything).alias("_copies"),
+    )
+    arrival = F.struct(*order)
+    grouped = ranked.select("*", F.min(arrival).over(Window.partitionBy(*keys)).alias("_first"))
     conflict = F.format_string(
         f"{SEQUENCE_PROPERTY} %d of gateway '%s' was already used by another message "
         "(received first at %s)",
         F.col("seq"),
         F.col("bridge"),
-        F.col("_first_received").cast("string"),
+        F.col("_first.received").cast("string"),
     )
     alone = ~marked  # lines without marks are never grouped: each is its own row
-    first = (F.col("_rank") == 1) | alone
-    clash = ~first & ~same & acceptable
-    kept = counted.where(first | ~same)
+    # a message's first copy (rank 1) holds its arrival; the group's first holds the first
+    clash = ~arrival.eqNullSafe(F.col("_first")) & acceptable & ~alone
+    kept = grouped.where((F.col("_rank") == 1) | alone)
     return kept.select(
         *[c for c in judged.columns if c != "kind"],
         F.when(clash, QUARANTINED).otherwise(F.col("kind")).alias("kind"),
         F.when(clash, conflict).otherwise(F.col("extra.reason")).alias("reason"),
-        F.when(first & ~alone, F.col("_copies")).otherwise(1).alias("copies"),
+        F.when(alone, 1).otherwise(F.col("_copies").cast("int")).alias("copies"),
     )
 
 
