@@ -268,11 +268,13 @@ def test_a_line_that_is_not_utf8_is_quarantined_whole_by_either_judge(
         F.lit("f").alias("file"),
         F.current_date().alias("landing_date"),
     )
+    # kept as its bytes (base64) and as text that other Parquet readers can read
+    shown = damaged.decode(errors="replace")
     wanted = [
-        ("quarantine", "unreadable landing line (not UTF-8 text)", None, len(damaged)),
-        ("reading", None, 43, None),
+        ("quarantine", "unreadable landing line (not UTF-8 text)", None, shown, damaged),
+        ("reading", None, 43, None, None),
     ]
-    columns = ("kind", F.col("extra.reason"), "seq", F.length(F.col("line").cast("binary")))
+    columns = ("kind", F.col("extra.reason"), "seq", "line", F.unbase64("extra.payload_base64"))
     assert [tuple(r) for r in silver.judged(lines, CFG).select(*columns).collect()] == wanted
     with python_judge_only(spark):
         assert [tuple(r) for r in silver.judged(lines, CFG).select(*columns).collect()] == wanted
