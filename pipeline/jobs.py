@@ -16,7 +16,10 @@ Which dates a run recomputes (``H`` = ``PipelineConfig.horizon_days``):
 - Quarantine is partitioned by landing day. A run rewrites the quarantine of every
   landing day it read: the rows judged for a recomputed day are judged again, the others
   are kept as they were (they depend on landing days the run did not read, and a backfill
-  may use other rules); the landing days new since the last run are judged whole.
+  may use other rules); the landing days new since the last run are judged whole. A
+  landing day no run has judged (after the last regular run's, without a quarantine
+  partition) also takes the rows its lines refused on their own, whatever day each was
+  judged for: they are grouped by that landing day alone.
 - Gold recomputes the days silver recomputed (kept as pending in the state until gold ran).
 
 Each table is written with dynamic partition overwrite: the recomputed days are replaced,
@@ -240,8 +243,23 @@ def silver(
     window = [d for d in landed if first - DAY <= d <= last + horizon]
     log.info("silver: recomputing %s from the landing days %s", span(recomputed), span(window))
 
+    # Landing days no regular run has judged and without a quarantine partition (an empty
+    # root's, a lost partition's): their messages refused on their own are grouped by the
+    # landing day alone, so they are judged there whatever day they were judged for.
+    through = state.landing_through
+    unjudged = {
+        d
+        for d in window
+        if (through is None or d > through)
+        and d not in renewed
+        and d not in set(storage.partition_dates(layout.quarantine))
+    }
     plan = silver_t.stage(read_landing(spark, layout, window), cfg)
-    in_scope = F.col("day").isin(sorted(recomputed)) | F.col("date").isin(sorted(renewed))
+    in_scope = (
+        F.col("day").isin(sorted(recomputed))
+        | F.col("date").isin(sorted(renewed))
+        | (F.col(silver_t.BY_LANDING) & F.col("date").isin(sorted(unjudged)))
+    )
     kind = F.col("kind")
     dups = [F.sum(F.col("copies") - 1).alias("dups")]
     with Progress(spark, "silver", enabled=progress):

@@ -20,6 +20,7 @@ from pipeline import cli, jobs
 from pipeline.config import PipelineConfig
 from pipeline.generate import Message, Spec, Truth, generate, write_landing
 from pipeline.progress import Progress
+from pipeline.records import landing_line
 from pipeline.report import write_report
 from pipeline.storage import Layout
 from pipeline.stream import stream
@@ -204,6 +205,35 @@ def test_a_backfill_rebuilds_every_table_of_an_empty_root(
     shutil.copytree(root / "landing", tmp_path / "landing")
     jobs.backfill(spark, Layout(str(tmp_path)), CFG, *full_range(landed), progress=False)
     assert differences(snapshot(spark, tmp_path), snapshot(spark, root)) == []
+
+
+def test_a_backfill_of_the_landing_days_alone_keeps_what_they_refused(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Into an empty root, a backfill of one landing day quarantines what that day's lines
+    refused on their own, whatever day each was judged for (a plausible timestamp years
+    old, beyond the horizon; a payload that is not JSON), as a run does."""
+    day = date(2026, 11, 12)
+    at = datetime(2026, 11, 12, 10, tzinfo=UTC)
+    topic = "ledge/gw1/serial/env/t"
+    payloads = (
+        b'{"value":1.5,"unit":"V","timestamp":"2026-11-12T09:59:00Z"}',
+        b'{"value":3.5,"unit":"V","timestamp":"2000-01-01T00:00:00+00:00"}',
+        b"not json",
+    )
+    text = "".join(
+        landing_line(topic, p, 1, False, "gw1", str(seq), at)
+        for seq, p in enumerate(payloads, start=10)
+    )
+    roots = {how: tmp_path / how for how in ("run", "backfill")}
+    for root in roots.values():
+        (root / "landing" / f"date={day}" / "hour=10").mkdir(parents=True)
+        (root / "landing" / f"date={day}" / "hour=10" / "x.jsonl").write_text(text)
+    jobs.run(spark, Layout(str(roots["run"])), CFG, progress=False)
+    jobs.backfill(spark, Layout(str(roots["backfill"])), CFG, day, day, progress=False)
+    ran, backfilled = (snapshot(spark, root) for root in roots.values())
+    assert sorted(r["day"] for r in ran["quarantine"]) == [date(2000, 1, 1), day]
+    assert differences(backfilled, ran) == []
 
 
 def test_a_backfill_repairs_a_damaged_root(

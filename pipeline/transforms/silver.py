@@ -34,6 +34,9 @@ READING: Final = J.READING
 HEALTH_REPORT: Final = J.HEALTH_REPORT
 QUARANTINED: Final = J.QUARANTINED
 IGNORED: Final = J.IGNORED
+#: ``stage``'s column that is true for the rows grouped by their landing day alone (refused
+#: or ignored on their own, or without marks): what one landing day's lines decide.
+BY_LANDING: Final = "by_landing"
 
 #: The landing lines ``stage`` takes: each line's text, its file and its landing day.
 _LINES: Final = {"line": "string", "file": "string", "landing_date": "date"}
@@ -182,6 +185,7 @@ def deduplicate(judged: DataFrame) -> DataFrame:
         F.when(clash, QUARANTINED).otherwise(F.col("kind")).alias("kind"),
         F.when(clash, conflict).otherwise(F.col("extra.reason")).alias("reason"),
         F.when(alone, 1).otherwise(F.col("_copies").cast("int")).alias("copies"),
+        (alone | ~acceptable).alias(BY_LANDING),
     )
 
 
