@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -140,6 +141,21 @@ def test_a_reason_quoting_a_lone_surrogate_is_escaped_not_fatal() -> None:
     assert row["kind"] == QUARANTINED
     assert row["reason"] == "timestamp '\\ud800' is not ISO 8601 with a UTC offset"
     assert len(arrow_judge(CFG)(pa.array([line]))) == 1
+
+
+@pytest.mark.parametrize("seq", ['"12"', "true", "null", str(10**18)])
+def test_an_envelope_without_usable_marks_is_quarantined_as_it_arrived(seq: str) -> None:
+    """The envelope itself, not the payload it carries: its marks are the evidence."""
+    envelope = '{"gateway":"gw4","seq":' + seq + ',"payload":{"value":1}}'
+    line = json.dumps(
+        {"topic": "ledge/gw4/serial/env/t", "payload": envelope,
+         "received": "2026-11-21T10:00:00.000000Z"}
+    )  # fmt: skip
+    row = dict(zip(FIELDS, Judge(CFG).line(line), strict=True))
+    assert (row["kind"], row["reason"]) == (
+        QUARANTINED, "envelope lacks a gateway (text) or seq (integer)",
+    )  # fmt: skip
+    assert (row["payload"], row["enveloped"], row["opened"]) == (envelope, False, None)
 
 
 def test_an_envelope_whose_payload_utf8_cannot_carry_is_judged_as_that_payload() -> None:

@@ -670,8 +670,9 @@ def _open_envelope(data: bytes | None) -> Marks:
     seq_text = str(seq) if is_int and abs(seq) < _SEQ_LIMIT else None
     envelope = (opened, opened_b64)
     if not isinstance(gateway, str) or not storable(gateway) or seq_text is None:
+        # no usable marks: the quarantine keeps the envelope itself, marks and all
         problem = "envelope lacks a gateway (text) or seq (integer)"
-        return None, None, seq_text, None, envelope, problem
+        return None, None, seq_text, None, None, problem
     if problem is not None:
         return gateway, None, seq_text, None, envelope, problem
     return gateway, seq, seq_text, inner, envelope, None
