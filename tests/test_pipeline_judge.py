@@ -143,6 +143,28 @@ def test_a_reason_quoting_a_lone_surrogate_is_escaped_not_fatal() -> None:
     assert len(arrow_judge(CFG)(pa.array([line]))) == 1
 
 
+@pytest.mark.parametrize(
+    ("record", "reason"),
+    [
+        ({"topic": "ledge/gw1/serial/env/t", "payload": "{}", "gateway": "gw1", "seq": "1"},
+         "landing line lacks its topic or receive time"),
+        ({"topic": "ledge/gw1/serial/env/t", "payload": "{}", "received": "yesterday",
+          "gateway": "gw1", "seq": "1"},
+         "landing line has an unreadable receive time 'yesterday'"),
+        ({"topic": "ledge/gw1/serial/env/t", "received": "2026-11-21T10:00:00Z",
+          "gateway": "gw1", "seq": "1"},
+         "landing line has no payload"),
+    ],
+)  # fmt: skip
+def test_a_record_the_lander_cannot_have_written_is_also_kept_as_its_line(
+    record: dict[str, str], reason: str
+) -> None:
+    """Its marks are not read (no bridge, no seq): the line keeps them."""
+    row = dict(zip(FIELDS, Judge(CFG).line(json.dumps(record)), strict=True))
+    assert (row["kind"], row["reason"], row["readable"]) == (QUARANTINED, reason, False)
+    assert row["topic"] == record["topic"]
+
+
 @pytest.mark.parametrize("seq", ['"12"', "true", "null", str(10**18)])
 def test_an_envelope_without_usable_marks_is_quarantined_as_it_arrived(seq: str) -> None:
     """The envelope itself, not the payload it carries: its marks are the evidence."""

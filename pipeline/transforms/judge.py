@@ -382,7 +382,9 @@ class Judge:
             except (ValueError, OverflowError):
                 received = None
         if topic is None or raw_received is None:
-            return _refused(landed, received, "landing line lacks its topic or receive time")
+            return _refused(
+                landed, received, "landing line lacks its topic or receive time", whole=True
+            )
         shape = self.topics.get(topic)
         if shape is None:
             shape = self._shape(topic)
@@ -393,10 +395,13 @@ class Judge:
         if not status:
             if received is None:
                 return _refused(
-                    landed, None, f"landing line has an unreadable receive time '{raw_received}'"
+                    landed,
+                    None,
+                    f"landing line has an unreadable receive time '{raw_received}'",
+                    whole=True,
                 )
             if payload is None and b64 is None:
-                return _refused(landed, received, "landing line has no payload")
+                return _refused(landed, received, "landing line has no payload", whole=True)
         data: bytes | None = None  # the message's bytes, when they are known yet
         if payload is None and b64 is not None:
             try:
@@ -586,15 +591,17 @@ def _refused(
     reason: str | None,
     kind: str = QUARANTINED,
     marks: tuple[Any, ...] = (None, None, None, None),
+    whole: bool = False,
 ) -> Row:
-    """A landing record that is quarantined (or ignored) as it arrived."""
+    """A landing record that is quarantined (or ignored) as it arrived; ``whole``: a
+    record the lander could not have written (its marks unread), kept as its line too."""
     if reason is not None and not storable(reason):  # it quotes text from the message
         reason = reason.encode("utf-8", "backslashreplace").decode("utf-8")
     bridge, seq, seq_text, envelope = marks
     topic, qos, retain, payload, b64 = landed
     opened, opened_b64 = envelope or (None, None)
     return (
-        topic, received, bridge, seq, kind, *((None,) * 6), payload, qos, retain, True,
+        topic, received, bridge, seq, kind, *((None,) * 6), payload, qos, retain, not whole,
         _unusual(seq, seq_text), reason, None, None, None, None, b64, envelope is not None,
         opened, opened_b64,
     )  # fmt: skip
