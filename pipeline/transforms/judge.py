@@ -563,25 +563,28 @@ class Judge:
         return kind, None, False, day
 
 
-def _unreadable(reason: str = UNREADABLE) -> Row:
+def _unreadable(reason: str = UNREADABLE, data: bytes | None = None) -> Row:
+    """A line that is no landing record (kept whole); ``data``: its bytes, when they are
+    not UTF-8 (kept as base64, the way a payload that is not text is)."""
+    b64 = None if data is None else base64.b64encode(data).decode("ascii")
     return (
         None, None, None, None, QUARANTINED, *((None,) * 7), None, None, False, None,
-        reason, *((None,) * 5), False, None, None,
+        reason, *((None,) * 4), b64, False, None, None,
     )  # fmt: skip
 
 
-def _texts(lines: pa.Array) -> list[str | None]:
+def _texts(lines: pa.Array) -> list[str | bytes]:
     """The lines as text; a line whose bytes are not UTF-8 (Spark reads a damaged file's
-    bytes as they are) as None, where a batch would otherwise fail whole."""
+    bytes as they are) as those bytes, where a batch would otherwise fail whole."""
     try:
         return lines.to_pylist()  # type: ignore[no-any-return]
     except UnicodeDecodeError:
-        out: list[str | None] = []
+        out: list[str | bytes] = []
         for data in lines.cast(pa.binary()).to_pylist():
             try:
                 out.append(data.decode("utf-8"))
             except UnicodeDecodeError:
-                out.append(None)
+                out.append(data)
         return out
 
 
@@ -734,7 +737,9 @@ def arrow_judge(cfg: PipelineConfig) -> Callable[[pa.Array], pa.Array]:
             index = pc.subtract(pc.cumulative_sum(valid.cast(pa.int32())), 1)
             return some.take(pc.if_else(valid, index, pa.scalar(None, pa.int32())))
         one = judge.line
-        rows = [_unreadable(NOT_UTF8_LINE) if t is None else one(t) for t in _texts(lines)]
+        rows = [
+            one(t) if isinstance(t, str) else _unreadable(NOT_UTF8_LINE, t) for t in _texts(lines)
+        ]
         if not rows:
             return pa.array([], arrow_type())
         # column by column (transposing whole rows costs twice as much)

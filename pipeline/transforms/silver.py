@@ -68,20 +68,17 @@ def judged(lines: DataFrame, cfg: PipelineConfig) -> DataFrame:
         either = judge("line")
     out = lines.select("line", "file", "landing_date", either.alias("_j"))
     unreadable = F.coalesce(~F.col("_j.extra.readable"), F.lit(False))
-    # A line that is not UTF-8 is kept as its bytes (base64, as a payload that is not
-    # text) and as text with U+FFFD for each bad byte: Parquet's strings are UTF-8, and
-    # other readers refuse a column holding anything else.
+    # A line that is not UTF-8 is kept as its bytes (the judge's base64, as a payload that
+    # is not text) and as text with U+FFFD for each bad byte: Parquet's strings are UTF-8,
+    # and other readers refuse a column holding anything else.
     not_text = F.coalesce(F.col("_j.extra.reason") == J.NOT_UTF8_LINE, F.lit(False))
-    as_bytes = F.base64(F.col("line").cast("binary"))
     return out.select(
         F.when(not_text, F.make_valid_utf8("line")).when(unreadable, F.col("line")).alias("line"),
         "file",
         "landing_date",
         *[F.col(f"_j.{name}").alias(name) for name in J.JUDGED if name != "day"],
         F.coalesce(F.col("_j.day"), F.col("landing_date")).alias("day"),
-        F.when(not_text, F.col("_j.extra").withField("payload_base64", as_bytes))
-        .otherwise(F.col("_j.extra"))
-        .alias("extra"),
+        F.col("_j.extra").alias("extra"),
     )
 
 
@@ -139,8 +136,9 @@ def deduplicate(judged: DataFrame) -> DataFrame:
         F.when(marked, acceptable),
         F.when(marked, F.when(acceptable, F.col("day")).otherwise(F.col("landing_date"))),
         # (unmarked lines are never grouped, each is kept on its own: spread by their
-        # file, receive time and content, not gathered a whole file to a group)
-        F.when(~marked, F.xxhash64("file", "received", "topic", "payload")),
+        # file, receive time and content (an unreadable line's text), not gathered a whole
+        # file to a group)
+        F.when(~marked, F.xxhash64("file", "received", "topic", "payload", "line")),
     ]
     content = ("topic", "payload", "_b64")  # the landing record's own
     # A hash completes the order cheaply; copies are told apart by the content itself.
