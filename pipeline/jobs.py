@@ -244,15 +244,14 @@ def silver(
     log.info("silver: recomputing %s from the landing days %s", span(recomputed), span(window))
 
     # Landing days no regular run has judged and without a quarantine partition (an empty
-    # root's, a lost partition's): their messages refused on their own are grouped by the
-    # landing day alone, so they are judged there whatever day they were judged for.
+    # root's): their messages refused on their own are grouped by the landing day alone,
+    # so they are judged there whatever day they were judged for.
     through = state.landing_through
+    quarantined = set(storage.partition_dates(layout.quarantine))
     unjudged = {
         d
         for d in window
-        if (through is None or d > through)
-        and d not in renewed
-        and d not in set(storage.partition_dates(layout.quarantine))
+        if (through is None or d > through) and d not in renewed and d not in quarantined
     }
     plan = silver_t.stage(read_landing(spark, layout, window), cfg)
     in_scope = (
@@ -293,6 +292,7 @@ def silver(
                     recomputed,
                     set(window),
                     renewed,
+                    quarantined,
                 ),
                 lambda: (
                     staged.where((kind == silver_t.QUARANTINED) & F.col("in_scope"))
@@ -343,15 +343,16 @@ def _replace_quarantine(
     recomputed: set[date],
     window: set[date],
     renewed: set[date],
+    present: set[date],
 ) -> None:
     """Rewrite the quarantine partitions of the landing days read (``window``).
 
     Each keeps, from before, the rows judged for days outside ``recomputed`` (their
     landing day was read, but not every line of their own day's groups was, and the rules
     may have changed since), and takes the rows ``judged`` again. A renewed day is taken
-    whole from ``judged``."""
+    whole from ``judged``. ``present``: the landing days the quarantine has partitions for."""
     kept_days = sorted(window - renewed)
-    if not set(kept_days) & set(storage.partition_dates(layout.quarantine)):
+    if not set(kept_days) & present:
         # nothing to keep from before (a first run, or every day read is renewed)
         replace_days(storage, judged, layout.quarantine, window)
         return
