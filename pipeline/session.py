@@ -61,16 +61,18 @@ FAST_JVM: Final = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 THROUGHPUT_GC: Final = "-XX:+UseParallelGC"
 #: The optimising compiler (C2) of a local run: only for code ten times as hot as it
 #: waits for by default, and inlining only methods up to 100 bytecodes into hot code
-#: (325 by default). A run is seconds to minutes of a JVM that plans and generates code
-#: for each query, and C2 spent about a third of a run's CPU (18 of 57 s at 1M landing
+#: (325 by default), compiled methods only up to 1000 bytes of code (2500) and 9 calls
+#: deep (15). A run is seconds to minutes of a JVM that plans and generates code for
+#: each query, and C2 spent about a third of a run's CPU (18 of 57 s at 1M landing
 #: lines) compiling code that ran too briefly to repay it; the quick compiler (C1)
 #: still compiles the rest. At 1M landing lines the thresholds took a run from 31.4 to
-#: 29.4 s, and the inlining limit to 27.4 s (means of 8 to 10 runs). A later option
+#: 29.4 s, and the inlining limit to 27.4 s (means of 8 to 10 runs); the shallower
+#: inlining later took 26.1 s to 25.4 s (means of 9). A later option
 #: (``--conf spark.driver.extraJavaOptions``) overrides each.
 BATCH_JIT: Final = (
     "-XX:Tier4InvocationThreshold=50000 -XX:Tier4MinInvocationThreshold=6000 "
     "-XX:Tier4CompileThreshold=150000 -XX:Tier4BackEdgeThreshold=400000 "
-    "-XX:FreqInlineSize=100"
+    "-XX:FreqInlineSize=100 -XX:InlineSmallCode=1000 -XX:MaxInlineLevel=9"
 )
 LOG4J: Final = Path(__file__).with_name("log4j2.properties")
 #: Java options that choose the JVM's class data sharing themselves (then no archive of ours).

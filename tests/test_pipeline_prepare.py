@@ -76,6 +76,7 @@ def test_a_local_run_waits_longer_for_the_optimising_compiler() -> None:
     assert final["Tier4CompileThreshold"] == "150000"
     assert final["Tier4BackEdgeThreshold"] == "400000"
     assert final["FreqInlineSize"] == "100"
+    assert (final["InlineSmallCode"], final["MaxInlineLevel"]) == ("1000", "9")
 
 
 def test_the_archive_is_named_after_the_java_and_spark_it_was_made_from(
