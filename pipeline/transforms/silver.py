@@ -68,12 +68,11 @@ def judged(lines: DataFrame, cfg: PipelineConfig) -> DataFrame:
         either = judge("line")
     out = lines.select("line", "file", "landing_date", either.alias("_j"))
     unreadable = F.coalesce(~F.col("_j.extra.readable"), F.lit(False))
-    # A line that is not UTF-8 is kept as its bytes (the judge's base64, as a payload that
-    # is not text) and as text with U+FFFD for each bad byte: Parquet's strings are UTF-8,
-    # and other readers refuse a column holding anything else.
-    not_text = F.coalesce(F.col("_j.extra.reason") == J.NOT_UTF8_LINE, F.lit(False))
+    # An unreadable line is kept as text with U+FFFD for each byte that is not UTF-8 (and
+    # then as its bytes too, the judge's base64): Parquet's strings are UTF-8, and other
+    # readers refuse a column holding anything else. UTF-8 text is kept as it is.
     return out.select(
-        F.when(not_text, F.make_valid_utf8("line")).when(unreadable, F.col("line")).alias("line"),
+        F.when(unreadable, F.make_valid_utf8("line")).alias("line"),
         "file",
         "landing_date",
         *[F.col(f"_j.{name}").alias(name) for name in J.JUDGED if name != "day"],
