@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fuzz.landing import CFG, judged
-from pipeline.transforms.judge import FIELDS, QUARANTINED, Judge, arrow_judge
+from pipeline.transforms.judge import QUARANTINED, arrow_judge
 from tests.test_pipeline_payload import canonical_text, payload_text
 
 #: Escapes JSON reads into a lone surrogate, and other text Arrow or Parquet may choke on.
@@ -137,7 +137,7 @@ def test_a_reason_quoting_a_lone_surrogate_is_escaped_not_fatal() -> None:
             "received": "2026-11-21T10:00:00.000000Z",
         }
     )
-    row = dict(zip(FIELDS, Judge(CFG).line(line), strict=True))
+    row = judged(line)
     assert row["kind"] == QUARANTINED
     assert row["reason"] == "timestamp '\\ud800' is not ISO 8601 with a UTC offset"
     assert len(arrow_judge(CFG)(pa.array([line]))) == 1
@@ -160,7 +160,7 @@ def test_a_record_the_lander_cannot_have_written_is_also_kept_as_its_line(
     record: dict[str, str], reason: str
 ) -> None:
     """Its marks are not read (no bridge, no seq): the line keeps them."""
-    row = dict(zip(FIELDS, Judge(CFG).line(json.dumps(record)), strict=True))
+    row = judged(json.dumps(record))
     assert (row["kind"], row["reason"], row["readable"]) == (QUARANTINED, reason, False)
     assert row["topic"] == record["topic"]
 
@@ -173,7 +173,7 @@ def test_an_envelope_without_usable_marks_is_quarantined_as_it_arrived(seq: str)
         {"topic": "ledge/gw4/serial/env/t", "payload": envelope,
          "received": "2026-11-21T10:00:00.000000Z"}
     )  # fmt: skip
-    row = dict(zip(FIELDS, Judge(CFG).line(line), strict=True))
+    row = judged(line)
     assert (row["kind"], row["reason"]) == (
         QUARANTINED, "envelope lacks a gateway (text) or seq (integer)",
     )  # fmt: skip
@@ -190,6 +190,6 @@ def test_an_envelope_whose_payload_utf8_cannot_carry_is_judged_as_that_payload()
             "received": "2026-11-21T10:00:00.000000Z",
         }
     )
-    row = dict(zip(FIELDS, Judge(CFG).line(line), strict=True))
+    row = judged(line)
     assert (row["kind"], row["bridge"], row["seq"]) == (QUARANTINED, "gw1", 5)
     assert row["reason"] == "payload is not JSON (not UTF-8 text)"
