@@ -272,11 +272,16 @@ def test_a_line_that_is_not_utf8_is_quarantined_whole_by_either_judge(
     # kept as its bytes (plain base64, as every payload_base64: no line breaks) and as text
     # that other Parquet readers can read
     shown, b64 = damaged.decode(errors="replace"), base64.b64encode(damaged).decode()
+    # (the line's bytes as stored too: PySpark replaces bad bytes itself as it collects)
     wanted = [
-        ("quarantine", "unreadable landing line (not UTF-8 text)", None, shown, b64),
-        ("reading", None, 43, None, None),
-    ]
-    columns = ("kind", F.col("extra.reason"), "seq", "line", "extra.payload_base64")
+        ("quarantine", "unreadable landing line (not UTF-8 text)", None, shown, b64,
+         shown.encode()),
+        ("reading", None, 43, None, None, None),
+    ]  # fmt: skip
+    columns = (
+        "kind", F.col("extra.reason"), "seq", "line", "extra.payload_base64",
+        F.col("line").cast("binary"),
+    )  # fmt: skip
     assert [tuple(r) for r in silver.judged(lines, CFG).select(*columns).collect()] == wanted
     with python_judge_only(spark):
         assert [tuple(r) for r in silver.judged(lines, CFG).select(*columns).collect()] == wanted
