@@ -45,7 +45,7 @@ from pyspark.sql import types as T
 
 from pipeline.config import PipelineConfig
 from pipeline.progress import Progress
-from pipeline.schema import HEALTH, QUARANTINE, READINGS
+from pipeline.schema import HEALTH, PLAIN_COLUMNS, QUARANTINE, READINGS
 from pipeline.storage import Layout, Storage, partition_path
 from pipeline.transforms import gold as gold_t
 from pipeline.transforms import silver as silver_t
@@ -167,7 +167,10 @@ def replace_days(
     rows = rows.observe(
         seen, F.count(F.lit(1)).alias("rows"), F.collect_set("date").alias("days"), *observe
     )
-    rows.write.mode("overwrite").partitionBy("date").parquet(table)
+    writer = rows.write.mode("overwrite").partitionBy("date")
+    for column in sorted(set(PLAIN_COLUMNS) & set(frame.columns)):
+        writer = writer.option(f"parquet.enable.dictionary#{column}", "false")
+    writer.parquet(table)
     got = seen.get
     present = set(got.pop("days") or [])
     for day in sorted(days - present):

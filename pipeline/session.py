@@ -53,6 +53,10 @@ DEFAULTS: Final[dict[str, str]] = {
     "spark.sql.mapKeyDedupPolicy": "LAST_WIN",
     # The pipeline prints its own progress (pipeline.progress), one line at a time.
     "spark.ui.showConsoleProgress": "false",
+    # Timestamps in Parquet's own type (64-bit microseconds, UTC), not the legacy 96-bit
+    # one: every reader knows it, and a 1M-line run writes its readings in two thirds of
+    # the time, in smaller files.
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
 }
 #: A JVM that starts fast (for tests and short runs): C1 compiler only, serial GC.
 FAST_JVM: Final = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"

@@ -191,6 +191,29 @@ def test_reruns_give_identical_tables(spark: SparkSession, landed: Landed) -> No
         assert differences(snapshot(spark, root), before) == []
 
 
+def test_tables_store_timestamps_as_utc_microseconds(spark: SparkSession, landed: Landed) -> None:
+    """Another reader (here pyarrow) gets the instants Spark wrote, in Parquet's own
+    timestamp type (64-bit microseconds, UTC), not the legacy 96-bit one."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = landed[0]
+    checked = set()
+    for table in TABLES:
+        for file in (root / table).glob("date=*/*.parquet"):
+            times = [f for f in pq.ParquetFile(file).schema_arrow if pa.types.is_timestamp(f.type)]
+            assert times and {f.type for f in times} == {pa.timestamp("us", tz="UTC")}, file
+            checked.add(table)
+    assert checked >= {"silver/readings", "silver/health", "quarantine", "gold/sensor_minute"}
+    read = pq.read_table(root / "silver/readings", columns=["bridge", "seq", "received"])
+    theirs = {(r["bridge"], r["seq"]): r["received"].replace(tzinfo=None) for r in read.to_pylist()}
+    ours = {
+        (r.bridge, r.seq): r.received
+        for r in spark.read.parquet(str(root / "silver/readings")).collect()
+    }
+    assert theirs == ours
+
+
 def full_range(landed: Landed) -> tuple[date, date]:
     _, early, done = landed
     return min(early.days), max(done.days)
