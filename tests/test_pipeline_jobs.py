@@ -191,6 +191,20 @@ def test_reruns_give_identical_tables(spark: SparkSession, landed: Landed) -> No
         assert differences(snapshot(spark, root), before) == []
 
 
+def test_every_table_but_the_readings_is_written_a_file_a_day(landed: Landed) -> None:
+    """Small tables are not scattered over a file per task and day (the readings may be:
+    every task holding rows of a day writes them)."""
+    root = landed[0]
+    checked = set()
+    for table in set(TABLES) - {"silver/readings"}:
+        files = {
+            day.name: len(list(day.glob("*.parquet"))) for day in (root / table).glob("date=*")
+        }
+        assert set(files.values()) <= {1}, (table, files)
+        checked |= {table} if files else set()
+    assert checked >= {"silver/health", "quarantine", "gold/sensor_minute", "gold/health"}
+
+
 def test_tables_store_timestamps_as_utc_microseconds(spark: SparkSession, landed: Landed) -> None:
     """Another reader (here pyarrow) gets the instants Spark wrote, in Parquet's own
     timestamp type (64-bit microseconds, UTC), not the legacy 96-bit one."""
