@@ -244,6 +244,27 @@ def test_a_backfill_rebuilds_every_table_of_an_empty_root(
     assert differences(snapshot(spark, tmp_path), snapshot(spark, root)) == []
 
 
+def test_runs_let_go_of_the_rows_they_kept(
+    spark: SparkSession, landed: Landed, tmp_path: Path
+) -> None:
+    """Silver's rows, kept for its writes, and the quarantine rows a backfill keeps from
+    before are let go when the run ends (a stream runs silver for every batch)."""
+    shutil.copytree(landed[0] / "landing", tmp_path / "landing")
+
+    def kept() -> int:
+        return int(spark.sparkContext._jsc.getPersistentRDDs().size())
+
+    before = kept()
+    layout = Layout(str(tmp_path))
+    jobs.run(spark, layout, CFG, progress=False)
+    assert kept() == before
+    # a backfill of the last day keeps the quarantine rows judged for other days
+    last = full_range(landed)[1]
+    jobs.backfill(spark, layout, CFG, last, last, progress=False)
+    assert kept() == before
+    assert spark.read.parquet(str(tmp_path / "quarantine")).count() > 0
+
+
 def test_a_backfill_of_the_landing_days_alone_keeps_what_they_refused(
     spark: SparkSession, tmp_path: Path
 ) -> None:
