@@ -47,6 +47,7 @@ from pyspark.sql import types as T
 from pipeline.config import PipelineConfig
 from pipeline.progress import Progress
 from pipeline.schema import HEALTH, PLAIN_COLUMNS, QUARANTINE, READINGS
+from pipeline.session import local_cores
 from pipeline.storage import Layout, Storage, partition_path
 from pipeline.transforms import gold as gold_t
 from pipeline.transforms import silver as silver_t
@@ -160,7 +161,7 @@ def replace_days(
 ) -> Written:
     """Make the ``days`` partitions of ``table`` exactly ``frame``'s rows of those days.
 
-    One Spark job: the rows are counted, and the days that have rows seen, as they are
+    One pass over the rows: they are counted, and the days that have rows seen, as they are
     written (dynamic partition overwrite replaces those days); then a day of ``days``
     without rows loses its partition. Other days keep theirs. ``observe``: more
     aggregates computed in the same pass (``Written.extra``).
@@ -192,17 +193,18 @@ def replace_days(
 
 @contextlib.contextmanager
 def computed_once(frame: DataFrame) -> Iterator[DataFrame]:
-    """``frame`` computed now, once, for the queries of the ``with`` block; let go after.
+    """``frame`` computed once for the queries of the ``with`` block; let go after.
 
-    A local session keeps the rows as they are (an eager local checkpoint: rows in the
-    process's memory, spilling to its disk). Spark's cache would turn them into column
-    batches and gather each column's statistics: at 1M landing lines silver's rows took
-    a quarter more CPU to keep that way (4.5 against 3.5 s), and the readings' write a
-    sixth more to read back. A checkpoint forgets how its rows were made, so a lost block
-    cannot be made again, which in a local session happens only with the process. On a
-    cluster, where an executor can go with its blocks, the frame is cached instead (memory,
-    then disk), and a lost block is recomputed."""
-    if (frame.sparkSession.sparkContext.master or "").startswith("local"):
+    A local session (``local[N]``) computes it now and keeps the rows as they are (an
+    eager local checkpoint: rows in the process's memory, spilling to its disk). Spark's
+    cache would turn them into column batches and gather each column's statistics: at 1M
+    landing lines silver's rows took a quarter more CPU to keep that way (4.5 against
+    3.5 s), and the readings' write a sixth more to read back. A checkpoint forgets how
+    its rows were made, so a lost block cannot be made again, which in a local session
+    happens only with the process. On a cluster, where an executor can go with its
+    blocks, the frame is cached instead (memory, then disk) by the first query that reads
+    it (so that one should run alone), and a lost block is recomputed."""
+    if local_cores(frame.sparkSession.sparkContext.master or ""):
         kept = frame.localCheckpoint(eager=True)
         try:
             yield kept
@@ -216,13 +218,19 @@ def computed_once(frame: DataFrame) -> Iterator[DataFrame]:
             cached.unpersist()
 
 
+_release_failed: list[bool] = []  # (once a warning was logged)
+
+
 def _release_checkpoint(frame: DataFrame) -> None:
     """Drop the blocks of a local checkpoint now (a stream's batches would otherwise keep
-    theirs until the JVM collects the RDD); only logged when Spark's internals differ."""
+    theirs until the JVM collects the RDD). It takes Spark's internals: where they
+    differ, a warning (once), and the blocks go when Spark cleans the RDD up."""
     try:
         frame._jdf.queryExecution().logical().rdd().unpersist(True)
-    except Exception:  # an internal API: its blocks then go when Spark cleans the RDD
-        log.debug("could not release a local checkpoint", exc_info=True)
+    except Exception:
+        if not _release_failed:
+            log.warning("kept rows are released only when the JVM collects them", exc_info=True)
+            _release_failed.append(True)
 
 
 def together(spark: SparkSession, *work: Callable[[], Any]) -> list[Any]:
@@ -324,6 +332,7 @@ def silver(
                 for k in (silver_t.QUARANTINED, silver_t.IGNORED)
             ],
         )
+        # the readings first and alone: on a cluster their write computes the rows it keeps
         readings = replace_days(
             storage,
             silver_t.readings(counted),

@@ -78,11 +78,11 @@ BATCH_JIT: Final = (
     "-XX:Tier4CompileThreshold=150000 -XX:Tier4BackEdgeThreshold=400000 "
     "-XX:FreqInlineSize=100 -XX:InlineSmallCode=1000 -XX:MaxInlineLevel=9"
 )
-#: The heap of a local run starts at half its maximum (``local_memory``'s quarter of the
-#: machine), and the class metadata at 256 MiB: growing from the JVM's defaults (1/64 of
-#: memory, 21 MiB) cost a 1M-line run three full collections as Spark loaded classes and
-#: filled its first stages (0.35 s of pauses).
-BATCH_HEAP: Final = "-XX:InitialRAMPercentage=12.5 -XX:MetaspaceSize=256m"
+#: The class metadata of a local run starts at 256 MiB, and its heap at half of
+#: ``spark.driver.memory`` (``initial_heap``): growing from the JVM's defaults (21 MiB,
+#: 1/64 of the machine's memory) cost a 1M-line run three full collections as Spark
+#: loaded its classes and filled its first stages (GC pauses 1.04 s against 0.63 s).
+BATCH_METASPACE: Final = "-XX:MetaspaceSize=256m"
 LOG4J: Final = Path(__file__).with_name("log4j2.properties")
 #: Java options that choose the JVM's class data sharing themselves (then no archive of ours).
 OWN_SHARING: Final = re.compile(r"-Xshare|-XX:(SharedArchiveFile|ArchiveClassesAtExit)")
@@ -111,6 +111,16 @@ def local_memory() -> str:
     except (ValueError, OSError):
         return "1g"
     return f"{max(1, min(8, total // 4 // 2**30))}g"
+
+
+def initial_heap(memory: str) -> str | None:
+    """Half of a memory size as ``spark.driver.memory`` takes it (``4g``, ``512m``), for
+    ``-Xms``; None for anything else."""
+    match = re.fullmatch(r"(\d+)([kmgt])b?", memory.strip().lower())
+    if match is None:
+        return None
+    scale = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024**2}[match.group(2)]
+    return f"{max(1, int(int(match.group(1)) * scale) // 2)}m"
 
 
 def parse_conf(pairs: Iterable[str]) -> dict[str, str]:
@@ -332,8 +342,9 @@ def settings(
         # Landing files are read in about four splits per core (not the fewest 128 MiB
         # splits): three splits on two cores leave one core idle for the last third.
         out["spark.sql.files.minPartitionNum"] = str(4 * cores)
-        # Silver keeps its rows for three writes in one process: uncompressed they are
-        # built and read back in two thirds of the time (a spill goes to local disk).
+        # What a local run caches (gold's minute rows; silver keeps its own rows as a
+        # checkpoint) is built and read back in two thirds of the time uncompressed (a
+        # spill goes to local disk).
         out["spark.sql.inMemoryColumnarStorage.compressed"] = "false"
         # The process is the whole cluster: a quarter of the machine's memory (Spark's
         # 1 GiB default makes a 4M-line run sort and cache through the disk).
@@ -348,7 +359,10 @@ def settings(
             # work costs a run about a seventh of its time (measured: 37.6 s against 43.7 s).
             java.append(THROUGHPUT_GC)
         java.append(BATCH_JIT)
-        java.append(BATCH_HEAP)
+        java.append(BATCH_METASPACE)
+        heap = initial_heap(conf.get("spark.driver.memory", out.get("spark.driver.memory", "")))
+        if heap and not re.search(r"-Xms|InitialRAM", user_java):
+            java.append(f"-Xms{heap}")
     if (
         archive is not None
         and cores

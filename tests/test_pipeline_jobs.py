@@ -22,7 +22,7 @@ from pipeline.generate import Message, Spec, Truth, generate, write_landing
 from pipeline.progress import Progress
 from pipeline.records import landing_line
 from pipeline.report import write_report
-from pipeline.storage import Layout
+from pipeline.storage import Layout, Storage
 from pipeline.stream import stream
 
 CFG = PipelineConfig()
@@ -189,6 +189,22 @@ def test_reruns_give_identical_tables(spark: SparkSession, landed: Landed) -> No
     for _ in range(2):  # nothing new landed: nothing changes, however often it runs
         jobs.run(spark, Layout(str(root)), CFG, progress=False)
         assert differences(snapshot(spark, root), before) == []
+
+
+def test_replace_days_writes_each_day_as_one_file_unless_told_not_to(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    days = {date(2026, 11, 1), date(2026, 11, 2)}
+    rows = [(n, date(2026, 11, 1 + n % 2)) for n in range(40)]
+    frame = spark.createDataFrame(rows, "n long, date date").repartition(4)  # both days in each
+    for whole in (True, False):
+        table = tmp_path / str(whole)
+        written = jobs.replace_days(Storage(spark), frame, str(table), days, whole_days=whole)
+        assert (written.rows, written.days) == (40, days)
+        files = [len(list(day.glob("*.parquet"))) for day in sorted(table.glob("date=*"))]
+        assert files == [1, 1] if whole else len(files) == 2 and min(files) > 1, (whole, files)
+        got = sorted(r.n for r in spark.read.parquet(str(table)).collect())
+        assert got == list(range(40))
 
 
 def test_every_table_but_the_readings_is_written_a_file_a_day(landed: Landed) -> None:

@@ -79,6 +79,31 @@ def test_a_local_run_waits_longer_for_the_optimising_compiler() -> None:
     assert (final["InlineSmallCode"], final["MaxInlineLevel"]) == ("1000", "9")
 
 
+def test_a_local_run_starts_its_heap_at_half_the_driver_memory() -> None:
+    """Half of the memory chosen (the user's, else a quarter of the machine's), which the
+    JDK's java accepts beside the maximum Spark gives it; none on a cluster's driver, or
+    when the user's options size the heap's start."""
+
+    def java(master: str, conf: dict[str, str]) -> list[str]:
+        return S.settings(master, conf)["spark.driver.extraJavaOptions"].split()
+
+    assert {"-Xms1536m", S.BATCH_METASPACE} <= set(java("local[2]", {"spark.driver.memory": "3g"}))
+    chosen = S.settings("local[2]", {})["spark.driver.memory"]
+    assert f"-Xms{S.initial_heap(chosen)}" in java("local[2]", {})
+    assert S.initial_heap("4096m") == "2048m" and S.initial_heap("lots") is None
+    for master, conf in (
+        ("spark://127.0.0.1:7077", {}),
+        ("local[2]", {"spark.driver.extraJavaOptions": "-Xms64m"}),
+    ):
+        assert [o for o in java(master, conf) if o.startswith("-Xms")] in ([], ["-Xms64m"])
+    binary = S.java_binary()
+    assert binary is not None
+    given = [o for o in java("local[2]", {}) if o.startswith("-X")]
+    subprocess.run(
+        [str(binary), f"-Xmx{chosen}", *given, "-version"], check=True, capture_output=True
+    )
+
+
 def test_the_archive_is_named_after_the_java_and_spark_it_was_made_from(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
