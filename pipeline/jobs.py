@@ -205,11 +205,8 @@ def computed_once(frame: DataFrame) -> Iterator[DataFrame]:
     blocks, the frame is cached instead (memory, then disk) by the first query that reads
     it (so that one should run alone), and a lost block is recomputed."""
     if local_cores(frame.sparkSession.sparkContext.master or ""):
-        kept = frame.localCheckpoint(eager=True)
-        try:
+        with checkpointed(frame) as kept:
             yield kept
-        finally:
-            _release_checkpoint(kept)
     else:
         cached = frame.persist(StorageLevel.MEMORY_AND_DISK)
         try:
@@ -221,16 +218,23 @@ def computed_once(frame: DataFrame) -> Iterator[DataFrame]:
 _release_failed: list[bool] = []  # (once a warning was logged)
 
 
-def _release_checkpoint(frame: DataFrame) -> None:
-    """Drop the blocks of a local checkpoint now (a stream's batches would otherwise keep
-    theirs until the JVM collects the RDD). It takes Spark's internals: where they
-    differ, a warning (once), and the blocks go when Spark cleans the RDD up."""
+@contextlib.contextmanager
+def checkpointed(frame: DataFrame) -> Iterator[DataFrame]:
+    """``frame`` computed now as an eager local checkpoint (cut from what it was read
+    from), whose blocks are dropped when the ``with`` block ends: a stream's batches would
+    otherwise keep theirs until the JVM collects the RDD. Dropping them takes Spark's
+    internals: where they differ, a warning (once), and the blocks go when Spark cleans
+    the RDD up."""
+    kept = frame.localCheckpoint(eager=True)
     try:
-        frame._jdf.queryExecution().logical().rdd().unpersist(True)
-    except Exception:
-        if not _release_failed:
-            log.warning("kept rows are released only when the JVM collects them", exc_info=True)
-            _release_failed.append(True)
+        yield kept
+    finally:
+        try:
+            kept._jdf.queryExecution().logical().rdd().unpersist(True)
+        except Exception:
+            if not _release_failed:
+                log.warning("kept rows are released only when the JVM collects them", exc_info=True)
+                _release_failed.append(True)
 
 
 def together(spark: SparkSession, *work: Callable[[], Any]) -> list[Any]:
@@ -418,11 +422,8 @@ def _replace_quarantine(
     judged_for = F.coalesce(F.col("day"), F.col("date"))  # tables from before `day`
     kept = old.where(~judged_for.isin(sorted(recomputed)))
     # Cut from the files it came from: the write below replaces them.
-    kept = kept.localCheckpoint(eager=True)
-    try:
-        replace_days(storage, judged.unionByName(kept), layout.quarantine, window)
-    finally:
-        _release_checkpoint(kept)
+    with checkpointed(kept) as cut:
+        replace_days(storage, judged.unionByName(cut), layout.quarantine, window)
 
 
 # --------------------------------------------------------------------------------- gold
