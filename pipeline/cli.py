@@ -328,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return prepare(args.force)
         if args.command != "report":
             config_from(args)  # refuse bad rules before starting a JVM
-        from pipeline.session import build, parse_conf
+        from pipeline.session import build, parse_conf, stop
 
         spark = build(args.master, parse_conf(args.conf))
     except ValueError as exc:
@@ -339,5 +339,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("%s", exc)
         return 2
     finally:
-        spark.stop()
+        stop(spark)
     return 0

@@ -30,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import zipfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -412,3 +413,21 @@ def build(
         spark.sparkContext.defaultParallelism,
     )
     return spark
+
+
+def stop(spark: SparkSession) -> None:
+    """Stop ``spark`` without waiting for PySpark's accumulator server.
+
+    ``SparkSession.stop`` waits for that server's thread, which sees it is to stop only
+    at its next poll, once a second: at the end of a 1M-line run it took 0.3 to 1.1 s of
+    the process's last second (0.7 s on average), with nothing else left to do. Here the
+    JVM's side stops first, as there, and the server stops on a thread of its own: a
+    process that goes on sees it gone within a second, one that exits ends it with it."""
+    context = spark.sparkContext
+    server = getattr(context, "_accumulatorServer", None)
+    if server is not None:
+        # (``SparkContext.stop`` waits for it; PySpark sets None there too)
+        context._accumulatorServer = None  # type: ignore[assignment]
+    spark.stop()
+    if server is not None:
+        threading.Thread(target=server.shutdown, name="accumulator-stop", daemon=True).start()

@@ -61,11 +61,11 @@ def spark() -> Iterator[SparkSession]:
     """One SparkSession for the whole run (``local[2]``, the fast JVM settings).
 
     Starting a JVM costs about 10 s; every test after the first pays under a second."""
-    from pipeline.session import build
+    from pipeline.session import build, stop
 
     session = build("local[2]", app_name="ledge-tests", fast_jvm=True)
     yield session
-    session.stop()
+    stop(session)
 
 
 # ---------------------------------------------------------------------- the SD-card image

@@ -251,3 +251,37 @@ def test_prepare_removes_the_archives_no_jvm_can_use(tmp_path: Path) -> None:
         "jvm-unreadable.json",
         "notes.txt",
     ]
+
+
+STOP_PROBE = """
+import socket, time
+from pipeline.session import build, stop
+
+def refused(address):
+    try:
+        socket.create_connection(address, timeout=1).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+spark = build("local[1]", fast_jvm=True)
+spark.range(3).count()
+address = spark.sparkContext._accumulatorServer.server_address
+assert not refused(address), "the accumulator server was not listening"
+stop(spark)
+deadline = time.monotonic() + 10
+while not refused(address):
+    assert time.monotonic() < deadline, "the accumulator server still listens"
+    time.sleep(0.05)
+again = build("local[1]", fast_jvm=True)  # the process goes on: a new session runs
+print("rows", again.range(5).count())
+stop(again)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_stopped_session_leaves_nothing_listening_and_another_can_start() -> None:
+    done = _run([sys.executable, "-c", STOP_PROBE], dict(os.environ), 170)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "rows 5"
