@@ -281,6 +281,19 @@ def test_runs_let_go_of_the_rows_they_kept(
     assert spark.read.parquet(str(tmp_path / "quarantine")).count() > 0
 
 
+def test_kept_rows_are_held_as_bytes_until_let_go(spark: SparkSession) -> None:
+    """A checkpoint keeps its rows serialised, memory then disk (not an object a row, which
+    the JVM's collector copies and compacts), and drops them at the end."""
+    frame = spark.range(5000).selectExpr("id", "cast(id * 7 as string) as text")
+    with jobs.checkpointed(frame) as kept:
+        rdd = kept._jdf.queryExecution().logical().rdd()
+        level = rdd.getStorageLevel()
+        assert (level.useMemory(), level.useDisk(), level.deserialized()) == (True, True, False)
+        assert kept.where("text = '35'").collect() == [(5, "35")]
+        assert rdd.id() in spark.sparkContext._jsc.getPersistentRDDs()
+    assert rdd.id() not in spark.sparkContext._jsc.getPersistentRDDs()
+
+
 def test_a_backfill_of_the_landing_days_alone_keeps_what_they_refused(
     spark: SparkSession, tmp_path: Path
 ) -> None:
