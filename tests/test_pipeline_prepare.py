@@ -87,7 +87,8 @@ def test_a_local_run_starts_its_heap_at_half_the_driver_memory() -> None:
     def java(master: str, conf: dict[str, str]) -> list[str]:
         return S.settings(master, conf)["spark.driver.extraJavaOptions"].split()
 
-    assert {"-Xms1536m", S.BATCH_METASPACE} <= set(java("local[2]", {"spark.driver.memory": "3g"}))
+    batch = {"-Xms1536m", S.BATCH_METASPACE, S.THROUGHPUT_GC, S.BATCH_TENURING}
+    assert batch <= set(java("local[2]", {"spark.driver.memory": "3g"}))
     chosen = S.settings("local[2]", {})["spark.driver.memory"]
     assert f"-Xms{S.initial_heap(chosen)}" in java("local[2]", {})
     assert S.initial_heap("4096m") == "2048m" and S.initial_heap("lots") is None
