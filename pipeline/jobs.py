@@ -195,12 +195,12 @@ def replace_days(
 def computed_once(frame: DataFrame) -> Iterator[DataFrame]:
     """``frame`` computed once for the queries of the ``with`` block; let go after.
 
-    A local session (``local[N]``) computes it now and keeps the rows as they are (an
-    eager local checkpoint, ``checkpointed``: rows in the process's memory, spilling to
-    its disk). Spark's
-    cache would turn them into column batches and gather each column's statistics: at 1M
-    landing lines silver's rows took a quarter more CPU to keep that way (4.5 against
-    3.5 s), and the readings' write a sixth more to read back. A checkpoint forgets how
+    A local session (``local[N]``) computes it now and keeps the rows as rows (an eager
+    local checkpoint, ``checkpointed``: serialised rows in the process's memory,
+    spilling to its disk). Spark's cache would turn them into column batches and gather
+    each column's statistics: at 1M landing lines silver's rows took a quarter more CPU
+    to keep that way than as a checkpoint of row objects (4.5 against 3.5 s), and the
+    readings' write a sixth more to read back. A checkpoint forgets how
     its rows were made, so a lost block cannot be made again, which in a local session
     happens only with the process. On a cluster, where an executor can go with its
     blocks, the frame is cached instead (memory, then disk) by the first query that reads

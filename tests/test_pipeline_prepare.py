@@ -89,6 +89,9 @@ def test_a_local_run_starts_its_heap_at_half_the_driver_memory() -> None:
 
     batch = {"-Xms1536m", S.BATCH_METASPACE, S.THROUGHPUT_GC, S.BATCH_TENURING}
     assert batch <= set(java("local[2]", {"spark.driver.memory": "3g"}))
+    # (the JVM refuses an initial tenuring threshold above the maximum: the user's wins)
+    own = {"spark.driver.extraJavaOptions": "-XX:InitialTenuringThreshold=3"}
+    assert S.BATCH_TENURING not in java("local[2]", own)
     chosen = S.settings("local[2]", {})["spark.driver.memory"]
     assert f"-Xms{S.initial_heap(chosen)}" in java("local[2]", {})
     assert S.initial_heap("4096m") == "2048m" and S.initial_heap("lots") is None
@@ -255,7 +258,7 @@ def test_prepare_removes_the_archives_no_jvm_can_use(tmp_path: Path) -> None:
 
 
 STOP_PROBE = """
-import socket, time
+import os, socket, time
 from pipeline.session import build, stop
 
 def refused(address):
@@ -265,17 +268,30 @@ def refused(address):
         return True
     return False
 
+def check(ok, problem):
+    if not ok:
+        raise SystemExit(problem)
+
 spark = build("local[1]", fast_jvm=True)
 spark.range(3).count()
 address = spark.sparkContext._accumulatorServer.server_address
-assert not refused(address), "the accumulator server was not listening"
+check(not refused(address), "the accumulator server was not listening")
 stop(spark)
 deadline = time.monotonic() + 10
 while not refused(address):
-    assert time.monotonic() < deadline, "the accumulator server still listens"
+    check(time.monotonic() < deadline, "the accumulator server still listens")
     time.sleep(0.05)
-again = build("local[1]", fast_jvm=True)  # the process goes on: a new session runs
-print("rows", again.range(5).count())
+
+unix = build("local[1]", {"spark.python.unix.domain.socket.enabled": "true"}, fast_jvm=True)
+path = unix.sparkContext._accumulatorServer.server_address
+check(isinstance(path, str) and os.path.exists(path), f"no Unix socket: {path!r}")
+stop(unix)
+check(not os.path.exists(path), f"the accumulator socket {path} is left behind")
+
+again = build("local[1]", fast_jvm=True)  # the process goes on: a new session counts
+counted = again.sparkContext.accumulator(0)
+again.sparkContext.parallelize(range(5), 2).foreach(lambda _: counted.add(1))
+print("counted", counted.value)
 stop(again)
 """
 
@@ -285,4 +301,4 @@ stop(again)
 def test_a_stopped_session_leaves_nothing_listening_and_another_can_start() -> None:
     done = _run([sys.executable, "-c", STOP_PROBE], dict(os.environ), 170)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip().splitlines()[-1] == "rows 5"
+    assert done.stdout.strip().splitlines()[-1] == "counted 5"
