@@ -437,15 +437,13 @@ def stop(spark: SparkSession) -> None:
     socket file removed at once (the thread would remove it only after that poll)."""
     context = spark.sparkContext
     server = getattr(context, "_accumulatorServer", None)
-    if server is None:
-        spark.stop()
-        return
     # (``SparkContext.stop`` waits for it; PySpark sets None there too)
     context._accumulatorServer = None  # type: ignore[assignment]
     try:
         spark.stop()
     finally:
-        threading.Thread(target=server.shutdown, name="accumulator-stop", daemon=True).start()
-        if isinstance(server.server_address, str):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(server.server_address)
+        if server is not None:
+            threading.Thread(target=server.shutdown, name="accumulator-stop", daemon=True).start()
+            if isinstance(server.server_address, str):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(server.server_address)
