@@ -4,7 +4,7 @@ pipeline tests' one SparkSession."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -64,8 +64,58 @@ def spark() -> Iterator[SparkSession]:
     from pipeline.session import build, stop
 
     session = build("local[2]", app_name="ledge-tests", fast_jvm=True)
+    _spark_watch.session = session
     yield session
+    _spark_watch.session = None
     stop(session)
+
+
+class _SparkWatch:
+    """Whether Spark stopped the shared session's context itself (it does on an error in
+    one of its own threads), and during which test: every later test using the session
+    fails, and says so."""
+
+    session: SparkSession | None = None
+    stopped_during: str = ""
+    said: list[str] = []
+
+
+_spark_watch = _SparkWatch()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    watch = _spark_watch
+    if (
+        call.when == "teardown"
+        and watch.session is not None
+        and not watch.stopped_during
+        and "spark" in getattr(item, "fixturenames", ())
+        and watch.session.sparkContext._jsc.sc().isStopped()
+    ):
+        watch.stopped_during = item.nodeid
+        lines = [
+            line
+            for title, text in report.sections
+            if "stderr" in title
+            for line in text.splitlines()
+        ]
+        errors = [i for i, line in enumerate(lines) if " ERROR spark " in line]
+        watch.said = [line for i in errors[:5] for line in lines[i : i + 12]]
+    return report
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    watch = _spark_watch
+    if watch.stopped_during and "spark" in getattr(item, "fixturenames", ()):
+        pytest.fail(
+            f"Spark stopped the shared session's context during {watch.stopped_during}; "
+            "Spark's errors then:\n" + "\n".join(watch.said or ["(none on its stderr)"]),
+            pytrace=False,
+        )
 
 
 # ---------------------------------------------------------------------- the SD-card image
