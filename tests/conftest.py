@@ -71,13 +71,13 @@ def spark() -> Iterator[SparkSession]:
 
 
 class _SparkWatch:
-    """Whether Spark stopped the shared session's context itself (it does on an error in
-    one of its own threads), and during which test: every later test using the session
-    fails, and says so."""
+    """Whether the shared session's context stopped (Spark stops it itself on an error in
+    one of its own threads) or its JVM went, and during which test: every later test
+    using the session fails, and says so."""
 
     session: SparkSession | None = None
     stopped_during: str = ""
-    said: list[str] = []
+    said: tuple[str, ...] = ()
 
 
 _spark_watch = _SparkWatch()
@@ -94,7 +94,7 @@ def pytest_runtest_makereport(
         and watch.session is not None
         and not watch.stopped_during
         and "spark" in getattr(item, "fixturenames", ())
-        and watch.session.sparkContext._jsc.sc().isStopped()
+        and _stopped(watch.session)
     ):
         watch.stopped_during = item.nodeid
         lines = [
@@ -104,16 +104,26 @@ def pytest_runtest_makereport(
             for line in text.splitlines()
         ]
         errors = [i for i, line in enumerate(lines) if " ERROR spark " in line]
-        watch.said = [line for i in errors[:5] for line in lines[i : i + 12]]
+        watch.said = tuple(line for i in errors[:5] for line in lines[i : i + 12])
     return report
+
+
+def _stopped(session: SparkSession) -> bool:
+    """Whether the session's context was stopped, or its JVM is gone (a hook that raised
+    would end the whole run, not one test)."""
+    try:
+        return bool(session.sparkContext._jsc.sc().isStopped())
+    except Exception:
+        return True
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     watch = _spark_watch
     if watch.stopped_during and "spark" in getattr(item, "fixturenames", ()):
         pytest.fail(
-            f"Spark stopped the shared session's context during {watch.stopped_during}; "
-            "Spark's errors then:\n" + "\n".join(watch.said or ["(none on its stderr)"]),
+            f"the shared Spark session's context stopped (or its JVM went) during "
+            f"{watch.stopped_during}; Spark's errors then:\n"
+            + "\n".join(watch.said or ("(none on its stderr)",)),
             pytrace=False,
         )
 
