@@ -242,8 +242,9 @@ def test_the_jvm_judge_judges_as_the_python_judge_does(spark: SparkSession) -> N
     lines += [own_line(payload=p, seq=str(i)) for i, p in enumerate(drawn(payloads(), 3))]
     lines += EDGES
     taken = taken_by_jvm(spark, lines)
-    # (about a quarter: the rest were changed past what it takes, and go to Python)
-    assert len(lines) // 5 < taken < len(lines) - len(lines) // 5, (taken, len(lines))
+    # (about a fifth: the rest were changed past what it takes, and go to Python. In 40
+    # draws it took 388 to 508 of 2,162 lines: a bound at a fifth failed one run in ten.)
+    assert len(lines) // 10 < taken < len(lines) - len(lines) // 10, (taken, len(lines))
     with_jvm = judged_rows(spark, lines)
     with python_judge_only(spark):
         python = judged_rows(spark, lines)
