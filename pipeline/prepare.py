@@ -33,6 +33,7 @@ from pipeline.session import (
     build,
     class_archive,
     ready_judge,
+    stop,
     under_spark_submit,
 )
 
@@ -136,7 +137,7 @@ def _record(partial: Path, archive: ClassArchive) -> str:
             jobs.run(spark, Layout(root), PipelineConfig(), progress=False)
         finally:
             quiet.setLevel(level)
-            spark.stop()
+            stop(spark)
             # The JVM exits when its standard input closes (PySpark's gateway), writing
             # the archive on its way out.
             process = gateway.proc
