@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pyspark.sql import SparkSession
 
 from pipeline import session as S
 from tests.support.procs import REPO
@@ -106,6 +107,30 @@ def test_a_local_run_starts_its_heap_at_half_the_driver_memory() -> None:
     subprocess.run(
         [str(binary), f"-Xmx{chosen}", *given, "-version"], check=True, capture_output=True
     )
+
+
+def test_a_local_run_sorts_off_the_heap_and_keeps_its_executor_when_the_clock_steps(
+    spark: SparkSession,
+) -> None:
+    """A local session: execution memory outside the heap (half the heap's size), and no
+    heartbeat timeout a step of the wall clock could reach; the user's own settings win,
+    and a cluster gets neither. The tests' own session has both."""
+    conf = S.settings("local[2]", {"spark.driver.memory": "3g"})
+    assert conf["spark.memory.offHeap.enabled"] == "true"
+    assert conf["spark.memory.offHeap.size"] == "1536m"
+    assert int(conf[S.HEARTBEAT_TIMEOUT]) >= 365 * 86_400_000
+    own = S.settings("local[2]", {"spark.memory.offHeap.enabled": "false"})
+    assert own["spark.memory.offHeap.enabled"] == "false"
+    assert "spark.memory.offHeap.size" not in own
+    assert S.HEARTBEAT_TIMEOUT not in S.settings("local[2]", {"spark.network.timeout": "300s"})
+    cluster = S.settings("spark://127.0.0.1:7077", {})
+    assert not {"spark.memory.offHeap.enabled", S.HEARTBEAT_TIMEOUT} & set(cluster)
+
+    running = spark.sparkContext.getConf()
+    assert running.get(S.HEARTBEAT_TIMEOUT) == str(S.LOCAL_HEARTBEAT_TIMEOUT_MS)
+    assert running.get("spark.memory.offHeap.enabled") == "true"
+    memory = S.initial_heap(running.get("spark.driver.memory") or "")
+    assert memory is not None and running.get("spark.memory.offHeap.size") == memory
 
 
 def test_the_archive_is_named_after_the_java_and_spark_it_was_made_from(
