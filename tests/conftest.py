@@ -67,7 +67,29 @@ def spark() -> Iterator[SparkSession]:
     _spark_watch.session = session
     yield session
     _spark_watch.session = None
+    crowded = [] if _stopped(session) else _crowded_code_cache(session)
     stop(session)
+    # A full code cache fails the JVM's next link of a call site, and Spark stops its
+    # context when that happens in one of its own threads: fail before it is that full.
+    assert not crowded, f"the shared Spark session's code cache came near full: {crowded}"
+
+
+#: How full the shared JVM's code cache may get over a run, at most.
+CODE_CACHE_MARGIN = 0.8
+
+
+def _crowded_code_cache(session: SparkSession) -> list[str]:
+    """The JVM's code cache pools whose peak use over the run passed the margin, each as
+    "name: peak of size KiB"."""
+    jvm = session.sparkContext._jvm
+    assert jvm is not None
+    out = []
+    for pool in jvm.java.lang.management.ManagementFactory.getMemoryPoolMXBeans():
+        peak = pool.getPeakUsage()
+        name, used, size = pool.getName(), peak.getUsed(), peak.getMax()
+        if name.startswith("Code") and size > 0 and used > CODE_CACHE_MARGIN * size:
+            out.append(f"{name}: {used // 1024} of {size // 1024} KiB")
+    return out
 
 
 class _SparkWatch:
