@@ -352,28 +352,35 @@ def silver(
             dups,
             whole_days=False,
         )
-        health, _, reasons = together(
-            spark,
-            lambda: replace_days(storage, silver_t.health(staged), layout.health, recomputed, dups),
-            lambda: _replace_quarantine(
+        # The rest of silver's writes and the reasons take every row but the readings
+        # (4% of them at 1M landing lines): cut from the kept rows once, not read from all
+        # of them by each. 1M landing lines: 24.12 s against 24.69 s (means of 10
+        # interleaved runs, faster in each pair); 4M: 53.2 and 53.2 s against 55.1, 53.5 s.
+        with computed_once(staged.where(kind != silver_t.READING)) as others:
+            health, _, reasons = together(
                 spark,
-                storage,
-                layout,
-                silver_t.quarantine(staged.where(F.col("in_scope"))),
-                recomputed,
-                set(window),
-                renewed,
-                quarantined,
-            ),
-            lambda: (
-                staged.where((kind == silver_t.QUARANTINED) & F.col("in_scope"))
-                .groupBy("reason")
-                .count()
-                .orderBy(F.desc("count"), "reason")
-                .limit(20)
-                .collect()
-            ),
-        )
+                lambda: replace_days(
+                    storage, silver_t.health(others), layout.health, recomputed, dups
+                ),
+                lambda: _replace_quarantine(
+                    spark,
+                    storage,
+                    layout,
+                    silver_t.quarantine(others.where(F.col("in_scope"))),
+                    recomputed,
+                    set(window),
+                    renewed,
+                    quarantined,
+                ),
+                lambda: (
+                    others.where((kind == silver_t.QUARANTINED) & F.col("in_scope"))
+                    .groupBy("reason")
+                    .count()
+                    .orderBy(F.desc("count"), "reason")
+                    .limit(20)
+                    .collect()
+                ),
+            )
         totals = seen.get
 
     result = SilverResult(
