@@ -56,13 +56,21 @@ def judged(lines: DataFrame, cfg: PipelineConfig) -> DataFrame:
     # (PySpark's stubs know a scalar Arrow UDF only by the functionType it now warns about)
     judge = arrow_udf(J.arrow_judge(cfg), schema.simpleString())  # type: ignore[call-overload]
     if lines.sparkSession.catalog.functionExists(J.JVM_JUDGE):
-        fast = jvm_judged(F.col("line"), cfg)
-        lines = lines.select("line", "file", "landing_date", fast.alias("_fast"))
+        fast = jvm_judged(F.col("line"), cfg).alias("_fast")
+        # A line the JVM judged goes on as null: Spark's Python operator copies every row
+        # it takes into a queue while Python judges, and again into its output, and only
+        # an unreadable line (judged in Python) is kept. 1M landing lines: the stage that
+        # judges them 5.54 to 5.85 CPU-s against 5.79 to 5.91, and the run 0.3 s sooner
+        # (means of 13 interleaved runs).
+        left = F.when(F.col("_fast").isNull(), F.col("line")).alias("line")
+        lines = lines.select("line", "file", "landing_date", fast).select(
+            left, "file", "landing_date", "_fast"
+        )
         reading = F.struct(
             *[_from_jvm(name).alias(name) for name in J.JUDGED],
             F.lit(None).cast(struct(J.EXTRA)).alias("extra"),
         )
-        rest = judge(F.when(F.col("_fast").isNull(), F.col("line")))
+        rest = judge("line")
         either = F.when(F.col("_fast").isNotNull(), reading).otherwise(rest)
     else:
         either = judge("line")
