@@ -291,6 +291,8 @@ def refused(address):
         socket.create_connection(address, timeout=1).close()
     except ConnectionRefusedError:
         return True
+    except ConnectionResetError:  # reached as its listening socket closed: gone too
+        return True
     return False
 
 def check(ok, problem):
