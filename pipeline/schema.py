@@ -48,11 +48,9 @@ MESSAGE_COLUMNS: Final[dict[str, str]] = {
 }
 
 #: Columns nearly unique from row to row (a sequence number, a receive time to the
-#: microsecond, a reading's own time): Parquet's dictionary encoding only costs time on
-#: them, before it gives up (a sixth of the readings' write at 1M landing lines) or for
-#: nothing (timestamps: 26,190 distinct in 35,961 rows of a day's file, whose dictionary
-#: and indices took as many bytes as the plain values), so they are written plain.
-PLAIN_COLUMNS: Final = ("seq", "received", "timestamp")
+#: microsecond): Parquet's dictionary encoding only costs time on them before it gives up
+#: (a sixth of the readings' write at 1M landing lines), so they are written plain.
+PLAIN_COLUMNS: Final = ("seq", "received")
 
 #: Silver readings: ``drivers.model.FIELDS`` (numbers and booleans in ``value``, text and
 #: booleans in ``text``), the reading's metadata as JSON text, then the message columns.

@@ -22,7 +22,6 @@ from pipeline.generate import Message, Spec, Truth, generate, write_landing
 from pipeline.progress import Progress
 from pipeline.records import landing_line
 from pipeline.report import write_report
-from pipeline.schema import PLAIN_COLUMNS
 from pipeline.storage import Layout, Storage
 from pipeline.stream import stream
 
@@ -243,30 +242,6 @@ def test_tables_store_timestamps_as_utc_microseconds(spark: SparkSession, landed
         for r in spark.read.parquet(str(root / "silver/readings")).collect()
     }
     assert theirs == ours
-
-
-def test_nearly_unique_columns_are_written_without_a_dictionary(landed: Landed) -> None:
-    """``schema.PLAIN_COLUMNS`` are stored plain wherever a table has them; the others keep
-    Parquet's dictionary (the topic's levels repeat on every row)."""
-    import pyarrow.parquet as pq
-
-    def dictionary(chunk: Any) -> bool:
-        return any("DICTIONARY" in encoding for encoding in chunk.encodings)
-
-    plain, coded = set(), set()
-    files = [f for table in TABLES for f in (landed[0] / table).glob("date=*/*.parquet")]
-    for file in files:
-        meta = pq.ParquetFile(file).metadata
-        for group in range(meta.num_row_groups):
-            for i in range(meta.num_columns):
-                chunk = meta.row_group(group).column(i)
-                name = chunk.path_in_schema
-                if name in PLAIN_COLUMNS:
-                    assert not dictionary(chunk), (file, name, chunk.encodings)
-                    plain.add(name)
-                elif name == "gateway" and dictionary(chunk):
-                    coded.add(name)
-    assert plain == set(PLAIN_COLUMNS) and coded == {"gateway"}
 
 
 def full_range(landed: Landed) -> tuple[date, date]:
