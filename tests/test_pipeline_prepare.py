@@ -289,9 +289,7 @@ from pipeline.session import build, stop
 def refused(address):
     try:
         socket.create_connection(address, timeout=1).close()
-    except ConnectionRefusedError:
-        return True
-    except ConnectionResetError:  # reached as its listening socket closed: gone too
+    except (ConnectionRefusedError, ConnectionResetError):  # (reset: reached as it closed)
         return True
     return False
 

@@ -57,6 +57,7 @@ def judged(lines: DataFrame, cfg: PipelineConfig) -> DataFrame:
     # fresh JVM took 0.2 s before the first query. (PySpark's stubs know a scalar Arrow UDF
     # only by the functionType it now warns about.)
     judge = arrow_udf(J.arrow_judge(cfg), schema)  # type: ignore[call-overload]
+    either = judge("line")
     if lines.sparkSession.catalog.functionExists(J.JVM_JUDGE):
         fast = jvm_judged(F.col("line"), cfg).alias("_fast")
         # A line the JVM judged goes on as null: Spark's Python operator copies every row
@@ -72,10 +73,7 @@ def judged(lines: DataFrame, cfg: PipelineConfig) -> DataFrame:
             *[_from_jvm(name).alias(name) for name in J.JUDGED],
             F.lit(None).cast(struct(J.EXTRA)).alias("extra"),
         )
-        rest = judge("line")
-        either = F.when(F.col("_fast").isNotNull(), reading).otherwise(rest)
-    else:
-        either = judge("line")
+        either = F.when(F.col("_fast").isNotNull(), reading).otherwise(either)
     out = lines.select("line", "file", "landing_date", either.alias("_j"))
     unreadable = F.coalesce(~F.col("_j.extra.readable"), F.lit(False))
     # An unreadable line is kept as text with U+FFFD for each byte that is not UTF-8 (and
