@@ -14,9 +14,9 @@
  * zero; times of the form 2026-11-21T10:00:00[.123|.123456](Z|+01:00); and a payload of
  * the gateway's own shape (the Python judge's _CANONICAL, the same pattern). For such a
  * line json.loads, the contract and the Python judge give exactly what this returns (the
- * differential test runs both on generated lines): a reading, with no extra fields.
- * A reading beyond the late-data horizon is left to the Python judge (it writes the
- * reason).
+ * differential test runs both on generated lines): a reading, with no extra fields,
+ * and for a reading beyond the late-data horizon the days it arrived after its
+ * timestamp's day (silver quarantines it, with the Python judge's reason).
  *
  * Stateless: one instance may judge lines on several threads.
  */
@@ -50,8 +50,9 @@ public final class LineJudge implements UDF5<String, String, Long, Long, Integer
 
   /**
    * The reading a line holds, or null (the Python judge decides): (topic, received, bridge,
-   * seq, value, text, unit, timestamp, implausible, day, payload), times in microseconds
-   * and the day in days since the epoch (UTC).
+   * seq, value, text, unit, timestamp, implausible, day, payload, late), times in
+   * microseconds, the day in days since the epoch (UTC), and late null unless the reading
+   * arrived more than horizon days after its timestamp's day: then those days.
    *
    * @param prefix the topic prefix (PipelineConfig.prefix)
    * @param tolerance how far ahead of the receive time a timestamp may be, microseconds
@@ -117,13 +118,14 @@ public final class LineJudge implements UDF5<String, String, Long, Long, Integer
     // pipeline.transforms.judge.Judge._when
     boolean implausible = stamp > received + tolerance || stamp < earliest;
     long day = Math.floorDiv(stamp, DAY_US);
+    Long late = null;
     if (implausible) {
       day = Math.floorDiv(received, DAY_US);
     } else if (Math.floorDiv(received, DAY_US) - day > horizon) {
-      return null; // beyond the horizon: quarantined, with the Python judge's reason
+      late = Math.floorDiv(received, DAY_US) - day;
     }
     return RowFactory.create(topic, received, bridge, seq, number, text, m.group(5), stamp,
-        implausible, (int) day, payload);
+        implausible, (int) day, payload, late);
   }
 
   /** The text of a JSON string at a cursor, as json.loads reads it, or null. */

@@ -95,7 +95,10 @@ FIELDS: Final = (*JUDGED, *EXTRA)
 #: Ledge bridge's reading makes, registered as this SQL function of the session (when
 #: its jar is on the class path). It returns these fields of a reading (``JUDGED``
 #: without ``kind``, times in microseconds and ``day`` in days since the epoch, ``extra``
-#: usual), or null for every other line, which this module's judge then judges.
+#: usual), or null for every other line, which this module's judge then judges. ``late``
+#: is null, or the days the reading arrived after its timestamp's day when that is
+#: beyond the horizon: then it is quarantined (``BEYOND_HORIZON``), its ``extra`` usual
+#: but for the reason.
 JVM_JUDGE: Final = "ledge_judge_line"
 JVM_CLASS: Final = "ledge.pipeline.LineJudge"
 JVM_JUDGED: Final = {
@@ -103,7 +106,14 @@ JVM_JUDGED: Final = {
     "received": "long",
     "timestamp": "long",
     "day": "int",
+    "late": "long",
 }
+#: Why a message arriving more than ``horizon`` days after its timestamp's day (``late``)
+#: is quarantined.
+BEYOND_HORIZON: Final = (
+    "arrived {late} days after its timestamp, beyond the late-data horizon of {horizon} "
+    "days (backfill with a larger horizon to fold it in)"
+)
 Row = tuple[Any, ...]
 
 EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
@@ -553,13 +563,7 @@ class Judge:
             return kind, None, True, received // _DAY_US
         late = received // _DAY_US - day
         if late > self.horizon:
-            return (
-                QUARANTINED,
-                f"arrived {late} days after its timestamp, beyond the late-data horizon of "
-                f"{self.horizon} days (backfill with a larger horizon to fold it in)",
-                False,
-                day,
-            )
+            return QUARANTINED, BEYOND_HORIZON.format(late=late, horizon=self.horizon), False, day
         return kind, None, False, day
 
 

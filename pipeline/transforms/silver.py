@@ -71,7 +71,7 @@ def judged(lines: DataFrame, cfg: PipelineConfig) -> DataFrame:
         )
         reading = F.struct(
             *[_from_jvm(name).alias(name) for name in J.JUDGED],
-            F.lit(None).cast(struct(J.EXTRA)).alias("extra"),
+            _extra_from_jvm(cfg).alias("extra"),
         )
         either = F.when(F.col("_fast").isNotNull(), reading).otherwise(either)
     out = lines.select("line", "file", "landing_date", either.alias("_j"))
@@ -106,11 +106,23 @@ def jvm_judged(line: Column, cfg: PipelineConfig) -> Column:
 def _from_jvm(name: str) -> Column:
     """A field of ``judge.JUDGED`` from the JVM judge's reading (``_fast``)."""
     if name == "kind":
-        return F.lit(J.READING)
+        return F.when(F.col("_fast.late").isNull(), J.READING).otherwise(J.QUARANTINED)
     value = F.col(f"_fast.{name}")
     if J.JVM_JUDGED[name] == "long" and J.JUDGED[name] == "timestamp":
         return F.timestamp_micros(value)
     return F.date_from_unix_date(value) if name == "day" else value
+
+
+def _extra_from_jvm(cfg: PipelineConfig) -> Column:
+    """``extra`` of the JVM judge's reading: null (usual), but for a reading beyond the
+    horizon, which is quarantined with its reason (``judge.BEYOND_HORIZON``)."""
+    reason = J.BEYOND_HORIZON.format(late="%d", horizon=cfg.horizon_days)
+    fields = [
+        F.format_string(reason, F.col("_fast.late")) if name == "reason" else F.lit(usual)
+        for name, usual in zip(J.EXTRA, J.EXTRA_USUAL, strict=True)
+    ]
+    late = F.struct(*fields).cast(struct(J.EXTRA))
+    return F.when(F.col("_fast.late").isNotNull(), late)
 
 
 def _extra(name: str) -> Column:
