@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -256,6 +257,45 @@ def together(spark: SparkSession, *work: Callable[[], Any]) -> list[Any]:
 
 # ------------------------------------------------------------------------------- silver
 
+_python_started: set[str] = set()  # (the applications whose Python workers were started)
+
+
+@contextlib.contextmanager
+def python_workers_started(spark: SparkSession, cfg: PipelineConfig) -> Iterator[None]:
+    """Start a local session's Python workers with silver's judge loaded while the ``with``
+    block plans silver: a job of one null line per core through the Python judge, on a
+    thread of its own, waited for as the block ends. Once per application; nothing on a
+    cluster (its executors start their own workers as they go).
+
+    Each worker imports the judge, the contract, pyarrow and pandas (pyarrow looks for it)
+    as it first judges: in a fresh process about 1.8 s of the first task of each core,
+    where the two cores would otherwise judge lines, and while the driver plans, a core is
+    mostly idle. 1M landing lines: 25.36 s against 26.09 s (means of 5 interleaved runs,
+    each faster). A failure here is the first task's to report: logged, and left."""
+    context = spark.sparkContext
+    cores = local_cores(context.master or "")
+    if not cores or context.applicationId in _python_started:
+        yield
+        return
+    _python_started.add(context.applicationId)
+    judge = silver_t.python_judge(cfg)
+    nothing = F.lit(None).cast("string")
+
+    def start() -> None:
+        try:
+            spark.range(0, cores, 1, cores).select(judge(nothing)).collect()
+        except Exception:
+            log.debug("silver: the Python workers were not started ahead", exc_info=True)
+
+    thread = threading.Thread(
+        target=inheritable_thread_target(spark)(start), name="ledge-python-start", daemon=True
+    )
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
+
 
 @dataclass(frozen=True)
 class SilverResult:
@@ -321,7 +361,6 @@ def silver(
         for d in window
         if (through is None or d > through) and d not in renewed and d not in quarantined
     }
-    plan = silver_t.stage(read_landing(spark, layout, window), cfg)
     in_scope = (
         F.col("day").isin(sorted(recomputed))
         | F.col("date").isin(sorted(renewed))
@@ -330,10 +369,15 @@ def silver(
     kind = F.col("kind")
     dups = [F.sum(F.col("copies") - 1).alias("dups")]
     with (
+        python_workers_started(spark, cfg),  # (first: they start while silver is planned)
         Progress(spark, "silver", enabled=progress),
         # One pass over the landing lines: every row is computed once, and kept for the
         # writes and the reasons.
-        computed_once(plan.select("*", in_scope.alias("in_scope"))) as staged,
+        computed_once(
+            silver_t.stage(read_landing(spark, layout, window), cfg).select(
+                "*", in_scope.alias("in_scope")
+            )
+        ) as staged,
     ):
         seen = Observation()
         counted = staged.observe(

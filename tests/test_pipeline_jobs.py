@@ -24,6 +24,7 @@ from pipeline.records import landing_line
 from pipeline.report import write_report
 from pipeline.storage import Layout, Storage
 from pipeline.stream import stream
+from pipeline.transforms import silver as silver_t
 
 CFG = PipelineConfig()
 SPEC = Spec()  # 3 gateways x 4 sensors, 3,000 readings, every fault
@@ -279,6 +280,58 @@ def test_runs_let_go_of_the_rows_they_kept(
     jobs.backfill(spark, layout, CFG, last, last, progress=False)
     assert kept() == before
     assert spark.read.parquet(str(tmp_path / "quarantine")).count() > 0
+
+
+def test_a_local_sessions_python_workers_start_once_while_silver_is_planned(
+    spark: SparkSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once per application, a job of one task per core through the Python judge; none
+    on a cluster, none again in the same application."""
+    monkeypatch.setattr(jobs, "_python_started", set())
+    tracker = spark.sparkContext.statusTracker()
+    cores = spark.sparkContext.defaultParallelism
+
+    def started(group: str) -> list[int]:
+        """The tasks of each job the block ran, in the job group ``group``."""
+        spark.sparkContext.setJobGroup(group, group)  # (the workers' thread inherits it)
+        try:
+            with jobs.python_workers_started(spark, CFG):
+                pass
+        finally:
+            spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+        found = []
+        for job in tracker.getJobIdsForGroup(group):
+            info = tracker.getJobInfo(job)
+            assert info is not None and info.status == "SUCCEEDED", info
+            stages = [tracker.getStageInfo(s) for s in info.stageIds]
+            found.append(sum(s.numCompletedTasks for s in stages if s is not None))
+        return found
+
+    assert started("ledge-test-first") == [cores]
+    assert started("ledge-test-again") == []
+    monkeypatch.setattr(jobs, "_python_started", set())
+    monkeypatch.setattr(jobs, "local_cores", lambda master: 0)  # as on a cluster
+    assert started("ledge-test-cluster") == []
+
+
+def test_python_workers_that_do_not_start_ahead_leave_silver_to_go_on(
+    spark: SparkSession, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A judge that fails in its workers fails the job that starts them: logged, and the
+    block goes on (the first task of silver's own job reports it, if it fails there too)."""
+    from pyspark.sql.functions import udf
+
+    def fail(line: str | None) -> str:
+        raise RuntimeError("no worker today")
+
+    broken = udf(fail, "string", useArrow=False)
+    monkeypatch.setattr(jobs, "_python_started", set())
+    monkeypatch.setattr(silver_t, "python_judge", lambda cfg: broken)
+    caplog.set_level("DEBUG", logger=jobs.__name__)
+    with jobs.python_workers_started(spark, CFG):
+        pass
+    assert "the Python workers were not started ahead" in caplog.text
+    assert "no worker today" in caplog.text
 
 
 def test_kept_rows_are_held_as_bytes_until_let_go(spark: SparkSession) -> None:

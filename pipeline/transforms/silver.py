@@ -18,6 +18,7 @@ pass over the landing lines, one shuffle.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 from pyspark.sql import Column, DataFrame, Window
@@ -52,12 +53,7 @@ def judged(lines: DataFrame, cfg: PipelineConfig) -> DataFrame:
 
     When the session has the JVM judge (``judge.JVM_JUDGE``), it judges the lines of a
     bridge's readings first, and only the others travel to Python (the rest as nulls)."""
-    schema = T.StructType([*struct(J.JUDGED).fields, T.StructField("extra", struct(J.EXTRA))])
-    # The type as a schema, not as text: text is parsed by the JVM's SQL parser, which in a
-    # fresh JVM took 0.2 s before the first query. (PySpark's stubs know a scalar Arrow UDF
-    # only by the functionType it now warns about.)
-    judge = arrow_udf(J.arrow_judge(cfg), schema)  # type: ignore[call-overload]
-    either = judge("line")
+    either = python_judge(cfg)("line")
     if lines.sparkSession.catalog.functionExists(J.JVM_JUDGE):
         fast = jvm_judged(F.col("line"), cfg).alias("_fast")
         # A line the JVM judged goes on as null: Spark's Python operator copies every row
@@ -87,6 +83,16 @@ def judged(lines: DataFrame, cfg: PipelineConfig) -> DataFrame:
         F.coalesce(F.col("_j.day"), F.col("landing_date")).alias("day"),
         F.col("_j.extra").alias("extra"),
     )
+
+
+def python_judge(cfg: PipelineConfig) -> Callable[[str | Column], Column]:
+    """The Python judge (``judge.arrow_judge``) as an Arrow UDF: a column of landing lines
+    in, the struct of ``judge.JUDGED`` and ``extra`` out (null lines give null rows)."""
+    schema = T.StructType([*struct(J.JUDGED).fields, T.StructField("extra", struct(J.EXTRA))])
+    # The type as a schema, not as text: text is parsed by the JVM's SQL parser, which in a
+    # fresh JVM took 0.2 s before the first query. (PySpark's stubs know a scalar Arrow UDF
+    # only by the functionType it now warns about.)
+    return arrow_udf(J.arrow_judge(cfg), schema)  # type: ignore[call-overload,no-any-return]
 
 
 def jvm_judged(line: Column, cfg: PipelineConfig) -> Column:
