@@ -118,11 +118,12 @@ public final class LineJudge implements UDF5<String, String, Long, Long, Integer
     // pipeline.transforms.judge.Judge._when
     boolean implausible = stamp > received + tolerance || stamp < earliest;
     long day = Math.floorDiv(stamp, DAY_US);
+    long after = Math.floorDiv(received, DAY_US) - day; // days after the timestamp's day
     Long late = null;
     if (implausible) {
       day = Math.floorDiv(received, DAY_US);
-    } else if (Math.floorDiv(received, DAY_US) - day > horizon) {
-      late = Math.floorDiv(received, DAY_US) - day;
+    } else if (after > horizon) {
+      late = after;
     }
     return RowFactory.create(topic, received, bridge, seq, number, text, m.group(5), stamp,
         implausible, (int) day, payload, late);
