@@ -133,6 +133,32 @@ def test_a_local_run_sorts_off_the_heap_and_keeps_its_executor_when_the_clock_st
     assert memory is not None and running.get("spark.memory.offHeap.size") == memory
 
 
+def test_a_column_expression_is_built_without_sending_its_call_site(
+    spark: SparkSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session's column expressions cost a few round trips to the JVM each, not ~15
+    more for PySpark's record of the Python line each was built on; the user's own
+    setting wins."""
+    import py4j.clientserver  # type: ignore[import-untyped]
+    from pyspark.errors import utils
+    from pyspark.sql import functions as F
+
+    sent: list[str] = []
+    send = py4j.clientserver.ClientServerConnection.send_command
+
+    def counted(self: object, command: str) -> str:
+        sent.append(command)
+        return send(self, command)  # type: ignore[no-any-return]
+
+    # (PySpark reads the setting once per process, at the first expression it builds)
+    monkeypatch.setattr(utils, "_enable_debugging_cache", None)
+    monkeypatch.setattr(py4j.clientserver.ClientServerConnection, "send_command", counted)
+    F.when(F.col("a").isNull(), F.lit(1)).otherwise(F.col("b"))
+    assert sent, "no command reached the JVM"
+    assert not [c for c in sent if "PySparkCurrentOrigin" in c]
+    assert S.settings("local[2]", {S.DEBUG_CALL_SITES: "true"})[S.DEBUG_CALL_SITES] == "true"
+
+
 def test_the_archive_is_named_after_the_java_and_spark_it_was_made_from(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
