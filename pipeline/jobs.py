@@ -267,11 +267,13 @@ def python_workers_started(spark: SparkSession, cfg: PipelineConfig) -> Iterator
     thread of its own, waited for as the block ends. Once per application; nothing on a
     cluster (its executors start their own workers as they go).
 
-    Each worker imports the judge, the contract, pyarrow and pandas (pyarrow looks for it)
-    as it first judges: in a fresh process about 1.8 s of the first task of each core,
-    where the two cores would otherwise judge lines, and while the driver plans, a core is
-    mostly idle. 1M landing lines: 25.36 s against 26.09 s (means of 5 interleaved runs,
-    each faster). A failure here is the first task's to report: logged, and left."""
+    The workers fork from a daemon that loads the judge, the contract, pyarrow and pandas
+    first (``pipeline.worker_daemon``): started by the first task, about a second of a
+    core, which the first tasks of silver would otherwise wait for, and while the driver
+    plans, a core is mostly idle. 1M landing lines (before the daemon loaded them: each
+    worker then imported them as it first judged): 25.36 s against 26.09 s (means of 5
+    interleaved runs, each faster). A failure here is the first task's to report: logged,
+    and left."""
     context = spark.sparkContext
     cores = local_cores(context.master or "")
     if not cores or context.applicationId in _python_started:

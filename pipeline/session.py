@@ -115,6 +115,9 @@ BATCH_METASPACE: Final = "-XX:MetaspaceSize=256m"
 #: ms", a one-day step), after which its heartbeats failed. A year: a step of the
 #: clock no longer loses the process's blocks.
 HEARTBEAT_TIMEOUT: Final = "spark.storage.blockManagerHeartbeatTimeoutMs"
+#: The module PySpark starts Python workers from, and a local session's choice.
+PYTHON_DAEMON: Final = "spark.python.daemon.module"
+WORKER_DAEMON: Final = "pipeline.worker_daemon"
 LOCAL_HEARTBEAT_TIMEOUT_MS: Final = 365 * 86_400_000
 LOG4J: Final = Path(__file__).with_name("log4j2.properties")
 #: Java options that choose the JVM's class data sharing themselves (then no archive of ours).
@@ -393,6 +396,9 @@ def settings(
             out["spark.memory.offHeap.size"] = half
         if not {"spark.network.timeout", HEARTBEAT_TIMEOUT} & set(conf):
             out[HEARTBEAT_TIMEOUT] = str(LOCAL_HEARTBEAT_TIMEOUT_MS)
+        # The Python workers fork from a daemon that loaded silver's judge once
+        # (``pipeline.worker_daemon``); a cluster's executors start PySpark's own.
+        out[PYTHON_DAEMON] = WORKER_DAEMON
     java = [f"-Dlog4j2.configurationFile={LOG4J.as_uri()}"]
     user_java = conf.get("spark.driver.extraJavaOptions", "")
     if fast_jvm:

@@ -18,6 +18,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from pipeline import session as S
+from pipeline import worker_daemon as WD
 from tests.support.procs import REPO
 
 # ----------------------------------------------------------------------------- settings
@@ -131,6 +132,37 @@ def test_a_local_run_sorts_off_the_heap_and_keeps_its_executor_when_the_clock_st
     assert running.get("spark.memory.offHeap.enabled") == "true"
     memory = S.initial_heap(running.get("spark.driver.memory") or "")
     assert memory is not None and running.get("spark.memory.offHeap.size") == memory
+
+
+def test_a_local_sessions_python_workers_fork_with_the_judge_loaded(spark: SparkSession) -> None:
+    """A local session's Python workers fork from ``pipeline.worker_daemon``, which loaded
+    silver's judge and what it imports first; the user's own daemon wins, and a cluster
+    keeps PySpark's."""
+
+    def seen(_: int) -> tuple[str, str]:
+        import os
+
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as parent:
+            command = parent.read().replace(b"\0", b" ").decode()
+        return command, os.environ.get("LEDGE_PIPELINE_PRELOADED", "")
+
+    for command, loaded in spark.sparkContext.parallelize(range(2), 2).map(seen).collect():
+        assert f"-m {S.WORKER_DAEMON}" in command
+        assert loaded.split(",") == list(WD.PRELOADED)
+    own = S.settings("local[2]", {S.PYTHON_DAEMON: "own.daemon"})
+    assert own[S.PYTHON_DAEMON] == "own.daemon"
+    assert S.PYTHON_DAEMON not in S.settings("spark://127.0.0.1:7077", {})
+
+
+def test_a_module_the_daemon_cannot_load_is_left_to_the_workers(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(WD.LOADED_ENV, "")  # (put back after)
+    assert WD.preload(("json", "ledge_no_such_module", "base64")) == ["json", "base64"]
+    assert os.environ[WD.LOADED_ENV] == "json,base64"
+    out, err = capsys.readouterr()
+    assert out == ""  # (the daemon's stdout carries its port to the JVM)
+    assert "import ledge_no_such_module themselves" in err
 
 
 def test_a_column_expression_is_built_without_sending_its_call_site(
