@@ -115,10 +115,10 @@ BATCH_METASPACE: Final = "-XX:MetaspaceSize=256m"
 #: ms", a one-day step), after which its heartbeats failed. A year: a step of the
 #: clock no longer loses the process's blocks.
 HEARTBEAT_TIMEOUT: Final = "spark.storage.blockManagerHeartbeatTimeoutMs"
+LOCAL_HEARTBEAT_TIMEOUT_MS: Final = 365 * 86_400_000
 #: The module PySpark starts Python workers from, and a local session's choice.
 PYTHON_DAEMON: Final = "spark.python.daemon.module"
 WORKER_DAEMON: Final = "pipeline.worker_daemon"
-LOCAL_HEARTBEAT_TIMEOUT_MS: Final = 365 * 86_400_000
 LOG4J: Final = Path(__file__).with_name("log4j2.properties")
 #: Java options that choose the JVM's class data sharing themselves (then no archive of ours).
 OWN_SHARING: Final = re.compile(r"-Xshare|-XX:(SharedArchiveFile|ArchiveClassesAtExit)")

@@ -138,13 +138,14 @@ def test_a_local_sessions_python_workers_fork_with_the_judge_loaded(spark: Spark
     """A local session's Python workers fork from ``pipeline.worker_daemon``, which loaded
     silver's judge and what it imports first; the user's own daemon wins, and a cluster
     keeps PySpark's."""
+    variable = WD.LOADED_ENV
 
     def seen(_: int) -> tuple[str, str]:
         import os
 
         with open(f"/proc/{os.getppid()}/cmdline", "rb") as parent:
             command = parent.read().replace(b"\0", b" ").decode()
-        return command, os.environ.get("LEDGE_PIPELINE_PRELOADED", "")
+        return command, os.environ.get(variable, "")
 
     for command, loaded in spark.sparkContext.parallelize(range(2), 2).map(seen).collect():
         assert f"-m {S.WORKER_DAEMON}" in command
@@ -157,6 +158,7 @@ def test_a_local_sessions_python_workers_fork_with_the_judge_loaded(spark: Spark
 def test_a_module_the_daemon_cannot_load_is_left_to_the_workers(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """The daemon names what it could not load, on stderr, and goes on without it."""
     monkeypatch.setenv(WD.LOADED_ENV, "")  # (put back after)
     assert WD.preload(("json", "ledge_no_such_module", "base64")) == ["json", "base64"]
     assert os.environ[WD.LOADED_ENV] == "json,base64"
