@@ -347,6 +347,29 @@ def test_kept_rows_are_held_as_bytes_until_let_go(spark: SparkSession) -> None:
     assert rdd.id() not in spark.sparkContext._jsc.getPersistentRDDs()
 
 
+@pytest.mark.parametrize("by_first_query", [False, True])
+def test_rows_computed_once_are_computed_once_now_or_by_the_first_query(
+    spark: SparkSession, by_first_query: bool
+) -> None:
+    """The rows of ``computed_once`` are computed once: as the block starts, or by its
+    first query; every later query reads them kept."""
+    from pyspark.sql.functions import udf
+
+    made = spark.sparkContext.accumulator(0)
+
+    def counted(value: int) -> int:
+        made.add(1)
+        return value
+
+    frame = spark.range(0, 40, 1, 2).select(udf(counted, "long", useArrow=False)("id").alias("id"))
+    with jobs.computed_once(frame, by_first_query=by_first_query) as kept:
+        assert made.value == (0 if by_first_query else 40)
+        assert kept.where("id % 10 = 3").count() == 4
+        assert made.value == 40
+        assert sorted(r.id for r in kept.collect()) == list(range(40))
+        assert made.value == 40
+
+
 def test_a_backfill_of_the_landing_days_alone_keeps_what_they_refused(
     spark: SparkSession, tmp_path: Path
 ) -> None:
