@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Final
 
 from pipeline.session import (
+    FILE_SYSTEM,
+    HADOOP_LOCAL_FILES,
     ClassArchive,
     build,
     class_archive,
@@ -123,9 +125,11 @@ def _record(partial: Path, archive: ClassArchive) -> str:
     with tempfile.TemporaryDirectory(prefix="ledge-prepare-") as root:
         messages, _ = generate(Spec())
         write_landing(Path(root), messages)
-        spark = build(
-            "local[2]", {"spark.driver.extraJavaOptions": java}, app_name="ledge-pipeline-prepare"
-        )
+        # Spark's class path alone (Hadoop's own local file system): a session's JVM
+        # appends the judge's jar (``session.LOCAL_FILES``), and the archive still matches
+        # when the jar is made again for another source.
+        conf = {"spark.driver.extraJavaOptions": java, FILE_SYSTEM: HADOOP_LOCAL_FILES}
+        spark = build("local[2]", conf, app_name="ledge-pipeline-prepare")
         gateway = SparkContext._gateway
         assert gateway is not None
         system = spark.sparkContext._jvm.java.lang.System  # type: ignore[union-attr]

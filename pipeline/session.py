@@ -15,7 +15,9 @@ Nothing depends on it but speed: without a JDK's ``javac`` (a JRE alone) there i
 and silver judges every line in Python. The jar is compiled once with this machine's
 ``javac`` against Spark's jars into the cache directory, named after the source and
 Spark's version (``ledge-pipeline prepare`` builds it ahead; otherwise the first session
-does, in about two seconds).
+does, in about two seconds). The jar also holds the file system of a local session's
+``file:`` URIs (``LOCAL_FILES``): Hadoop's own, with modes set by a system call, not by a
+``chmod`` process per file.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import sys
 import tempfile
 import threading
 import zipfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -255,6 +257,12 @@ def ready_archive() -> Path | None:
 # -------------------------------------------------------------------- the JVM judge
 
 JUDGE_SOURCE: Final = Path(__file__).with_name("java") / "LineJudge.java"
+#: A local session's file system (``pipeline/java/LocalFiles.java``), in the judge's jar.
+FILES_SOURCE: Final = JUDGE_SOURCE.with_name("LocalFiles.java")
+LOCAL_FILES: Final = "ledge.pipeline.LocalFiles"
+HADOOP_LOCAL_FILES: Final = "org.apache.hadoop.fs.LocalFileSystem"
+#: Hadoop's setting for the class of ``file:`` URIs' file system.
+FILE_SYSTEM: Final = "spark.hadoop.fs.file.impl"
 #: How long javac may take (about two seconds here).
 COMPILE_TIMEOUT: Final = 300.0
 
@@ -264,7 +272,7 @@ def judge_jar() -> Path:
     import pyspark
 
     spark = f"{pyspark.__version__} {os.path.realpath(spark_home())}".encode()
-    source = JUDGE_SOURCE.read_bytes() + spark
+    source = b"".join(path.read_bytes() for path in java_sources()) + spark
     return cache_dir() / f"judge-{hashlib.sha256(source).hexdigest()[:16]}.jar"
 
 
@@ -291,12 +299,18 @@ def javac() -> Path | None:
     return found if found is not None and found.is_file() else None
 
 
+def java_sources() -> tuple[Path, ...]:
+    """The Java sources compiled into the judge's jar."""
+    return (JUDGE_SOURCE, FILES_SOURCE)
+
+
 def ready_judge() -> Path | None:
-    """The JVM judge's jar, compiled now if it is not there yet; None (the reason
-    logged) when it cannot be: silver then judges every line in Python."""
-    if not JUDGE_SOURCE.is_file():
-        log.warning("%s is missing: silver judges every landing line in Python", JUDGE_SOURCE)
-        return None
+    """The JVM judge's jar (with ``LOCAL_FILES``), compiled now if it is not there yet;
+    None (the reason logged) when it cannot be: silver then judges every line in Python."""
+    for source in java_sources():
+        if not source.is_file():
+            log.warning("%s is missing: silver judges every landing line in Python", source)
+            return None
     path = judge_jar()
     if path.is_file():
         return path
@@ -308,7 +322,7 @@ def ready_judge() -> Path | None:
         classes = Path(tmp, "classes")
         command = [
             str(compiler), "--release", "17", "-nowarn", "-d", str(classes),
-            "-cp", str(spark_home() / "jars" / "*"), str(JUDGE_SOURCE),
+            "-cp", str(spark_home() / "jars" / "*"), *map(str, java_sources()),
         ]  # fmt: skip
         try:
             done = subprocess.run(
@@ -431,6 +445,11 @@ def settings(
     if judge is not None:
         own = conf.get("spark.jars", default_jars())
         out["spark.jars"] = ",".join(filter(None, (own, str(judge))))
+        if cores and FILE_SYSTEM not in conf:
+            # Files written with their modes set by a system call (``LOCAL_FILES``), not
+            # a chmod process each: 283 processes in a 1M-line run. ``build`` puts the
+            # jar on the JVM's class path, where Hadoop looks for the class.
+            out[FILE_SYSTEM] = LOCAL_FILES
     return out
 
 
@@ -451,9 +470,14 @@ def build(
         # pipeline's packages (on a cluster, the operator names the executors' Python
         # with PYSPARK_PYTHON or spark.pyspark.python). PySpark reads the variable.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    ours = chosen.get(FILE_SYSTEM) == LOCAL_FILES
+    if ours and not _starts_with(judge):
+        del chosen[FILE_SYSTEM]
+        ours = False
     for key, value in chosen.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    with _on_class_path(judge if ours else None):
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     register_judge(spark)
     log.info(
@@ -463,6 +487,41 @@ def build(
         spark.sparkContext.defaultParallelism,
     )
     return spark
+
+
+def _starts_with(jar: Path | None) -> bool:
+    """True when the JVM the next session runs in has ``jar`` on its class path from its
+    start: when ``build`` starts that JVM (``_on_class_path``), or one started so runs
+    already. (PySpark keeps its JVM from one session to the next.)"""
+    from pyspark import SparkContext
+
+    if jar is None:
+        return False
+    jvm = SparkContext._jvm
+    if jvm is None:
+        return True
+    class_path = str(jvm.java.lang.System.getProperty("java.class.path"))
+    return str(jar) in class_path.split(os.pathsep)
+
+
+@contextlib.contextmanager
+def _on_class_path(jar: Path | None) -> Iterator[None]:
+    """A JVM PySpark starts in the ``with`` block has ``jar`` at the end of its class path
+    (``SPARK_DIST_CLASSPATH``, which spark-submit appends): loaded by the JVM's own class
+    loader, which Hadoop looks in as spark-submit starts. At the end, where the class
+    archive (``ledge-pipeline prepare``) still matches what comes before it."""
+    if jar is None:
+        yield
+        return
+    before = os.environ.get("SPARK_DIST_CLASSPATH")
+    os.environ["SPARK_DIST_CLASSPATH"] = os.pathsep.join(filter(None, (before, str(jar))))
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["SPARK_DIST_CLASSPATH"]
+        else:
+            os.environ["SPARK_DIST_CLASSPATH"] = before
 
 
 def stop(spark: SparkSession) -> None:

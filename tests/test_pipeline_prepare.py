@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
@@ -49,6 +51,54 @@ def test_a_local_session_starts_with_the_archive_it_is_given(tmp_path: Path) -> 
 def test_no_archive_where_it_cannot_apply(master: str, conf: dict[str, str]) -> None:
     java = S.settings(master, conf, archive=Path("/cache/jvm.jsa"))["spark.driver.extraJavaOptions"]
     assert "/cache/jvm.jsa" not in java
+
+
+def test_a_local_session_with_the_judges_jar_takes_its_local_file_system() -> None:
+    jar = Path("/cache/judge.jar")
+    assert S.settings("local[2]", {}, judge=jar)[S.FILE_SYSTEM] == S.LOCAL_FILES
+    assert S.FILE_SYSTEM not in S.settings("local[2]", {}, judge=None)  # no jar, no class
+    # a cluster's executors start before any jar reaches them
+    assert S.FILE_SYSTEM not in S.settings("spark://127.0.0.1:7077", {}, judge=jar)
+    own = {S.FILE_SYSTEM: "org.example.Files"}  # the user's choice stays
+    assert S.settings("local[2]", own, judge=jar)[S.FILE_SYSTEM] == "org.example.Files"
+
+
+def test_a_local_sessions_files_get_hadoops_modes_without_a_chmod_process(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """``file:`` URIs go through ``LocalFiles``: every file, checksum file and folder gets
+    the mode Hadoop's own local file system (which runs chmod) gives it, by a system call;
+    a mode with a sticky bit still through chmod."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    hadoop = jvm.org.apache.hadoop.fs
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    files = hadoop.FileSystem.get(jvm.java.net.URI("file:///"), conf)
+    assert files.getClass().getName() == S.LOCAL_FILES
+    stock = hadoop.LocalFileSystem()
+    stock.initialize(jvm.java.net.URI("file:///"), conf)
+
+    def made(fs: Any, root: Path) -> dict[str, int]:
+        def at(relative: str) -> Any:
+            return hadoop.Path(str(root / relative))
+
+        def mode(text: str) -> Any:
+            return hadoop.permission.FsPermission(text)
+
+        assert fs.mkdirs(at("a/b"), mode("770"))
+        for name in ("f", "g"):
+            out = fs.create(at(f"a/b/{name}"), True)
+            out.write(b"x")
+            out.close()
+        fs.setPermission(at("a/b/g"), mode("600"))
+        assert fs.mkdirs(at("t"), mode("777"))
+        fs.setPermission(at("t"), mode("1777"))
+        return {str(p.relative_to(root)): p.stat().st_mode & 0o7777 for p in root.rglob("*")}
+
+    ours = made(files, tmp_path / "ours")
+    assert ours == made(stock, tmp_path / "stock")
+    assert (ours["a/b"], ours["a/b/f"], ours["a/b/.f.crc"]) == (0o750, 0o644, 0o644)
+    assert (ours["a/b/g"], ours["t"]) == (0o600, 0o1777)
 
 
 def test_a_local_run_waits_longer_for_the_optimising_compiler() -> None:
@@ -286,6 +336,13 @@ def test_prepare_writes_an_archive_that_a_session_loads_spark_from(tmp_path: Pat
 
     assert maps(class_path).returncode == 0, maps(class_path).stderr
     assert maps(str(tmp_path)).returncode != 0
+    # The session's JVM has the judge's jar last (its local file system is there), and the
+    # archive was made without it: it maps as well beside a jar made for another source.
+    entries = class_path.split(os.pathsep)
+    assert entries[-1] == str(tmp_path / "cache" / judge), entries[-3:]
+    shutil.copy(entries[-1], tmp_path / "judge-other.jar")
+    other = os.pathsep.join([*entries[:-1], str(tmp_path / "judge-other.jar")])
+    assert maps(other).returncode == 0, maps(other).stderr
 
     # Once written, prepare leaves it be.
     before = archive.stat().st_mtime_ns
