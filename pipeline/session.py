@@ -13,7 +13,7 @@ path and as the SQL function ``judge.JVM_JUDGE``: it judges the lines a Ledge br
 readings make where Spark reads them, and leaves every other line to the Python judge.
 Nothing depends on it but speed: without a JDK's ``javac`` (a JRE alone) there is no jar,
 and silver judges every line in Python. The jar is compiled once with this machine's
-``javac`` against Spark's jars into the cache directory, named after the source and
+``javac`` against Spark's jars into the cache directory, named after its sources and
 Spark's version (``ledge-pipeline prepare`` builds it ahead; otherwise the first session
 does, in about two seconds). The jar also holds the file system of a local session's
 ``file:`` URIs (``LOCAL_FILES``): Hadoop's own, with modes set by a system call, not by a
@@ -268,7 +268,8 @@ COMPILE_TIMEOUT: Final = 300.0
 
 
 def judge_jar() -> Path:
-    """Where the JVM judge's jar for this source and Spark is kept (it may not exist yet)."""
+    """Where the JVM judge's jar for these sources (``java_sources``) and Spark is kept (it
+    may not exist yet)."""
     import pyspark
 
     spark = f"{pyspark.__version__} {os.path.realpath(spark_home())}".encode()
