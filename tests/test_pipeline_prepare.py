@@ -309,6 +309,10 @@ def test_prepare_writes_an_archive_that_a_session_loads_spark_from(tmp_path: Pat
     prepare = [sys.executable, "-m", "pipeline", "prepare"]
     done = _run(prepare, env, timeout=280)
     assert done.returncode == 0, done.stderr
+    # It ran silver and gold as a run does, and Spark's driver log said nothing of what the
+    # pipeline does on purpose (``pipeline/log4j2.properties``).
+    warned = [line for line in done.stderr.splitlines() if " WARN spark " in line]
+    assert not warned, warned
     archives = sorted((tmp_path / "cache").glob("jvm-*.jsa"))
     assert len(archives) == 1, sorted((tmp_path / "cache").iterdir())
     archive = archives[0]
