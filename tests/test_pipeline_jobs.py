@@ -208,6 +208,44 @@ def test_replace_days_writes_each_day_as_one_file_unless_told_not_to(
         assert got == list(range(40))
 
 
+def test_a_partition_counts_when_it_holds_a_data_file_at_any_depth(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """And finding out starts no process (Hadoop's local file system runs ``ls`` for a
+    file's owner and mode): the JVM's own record of the processes it started says so."""
+    table = tmp_path / "table"
+    files = {
+        "date=2026-01-01/part-0.parquet": True,
+        "date=2026-01-02/_SUCCESS": False,  # hidden names only
+        "date=2026-01-02/.part-0.parquet.crc": False,
+        "date=2026-01-03/more/part-0.parquet": True,  # deeper down
+        "date=2026-01-04/empty/": False,
+        "not-a-partition/part-0.parquet": False,
+    }
+    for name in files:
+        path = table / name
+        (path if name.endswith("/") else path.parent).mkdir(parents=True, exist_ok=True)
+        if not name.endswith("/"):
+            path.write_text("x")
+    (table / "date=2026-01-05").write_text("a file, not a folder")
+    jvm: Any = spark.sparkContext._jvm
+    recording = jvm.jdk.jfr.Recording()
+    recording.enable("jdk.ProcessStart")
+    recording.start()
+    try:
+        days = Storage(spark).partition_dates(str(table))
+    finally:
+        recording.stop()
+    record = jvm.java.io.File(str(tmp_path / "processes.jfr")).toPath()
+    recording.dump(record)
+    recording.close()
+    started = [
+        e.getString("command") for e in jvm.jdk.jfr.consumer.RecordingFile.readAllEvents(record)
+    ]
+    assert days == [date(2026, 1, 1), date(2026, 1, 3)]
+    assert [c for c in started if str(table) in c] == []
+
+
 def test_every_table_but_the_readings_is_written_a_file_a_day(landed: Landed) -> None:
     """Small tables are not scattered over a file per task and day (the readings may be:
     every task holding rows of a day writes them)."""
