@@ -214,14 +214,14 @@ def test_a_partition_counts_when_it_holds_a_data_file_at_any_depth(
     """And finding out starts no process (Hadoop's local file system runs ``ls`` for a
     file's owner and mode): the JVM's own record of the processes it started says so."""
     table = tmp_path / "table"
-    files = {
-        "date=2026-01-01/part-0.parquet": True,
-        "date=2026-01-02/_SUCCESS": False,  # hidden names only
-        "date=2026-01-02/.part-0.parquet.crc": False,
-        "date=2026-01-03/more/part-0.parquet": True,  # deeper down
-        "date=2026-01-04/empty/": False,
-        "not-a-partition/part-0.parquet": False,
-    }
+    files = [
+        "date=2026-01-01/part-0.parquet",  # counts
+        "date=2026-01-02/_SUCCESS",  # hidden names only
+        "date=2026-01-02/.part-0.parquet.crc",
+        "date=2026-01-03/more/part-0.parquet",  # counts: deeper down
+        "date=2026-01-04/empty/",
+        "not-a-partition/part-0.parquet",
+    ]
     for name in files:
         path = table / name
         (path if name.endswith("/") else path.parent).mkdir(parents=True, exist_ok=True)
