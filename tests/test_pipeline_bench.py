@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,8 @@ import duckdb
 from pyspark.sql import SparkSession
 
 from bench.pipeline import duckdb_reference, spark_reference
-from pipeline.generate import Spec, generate, write_landing
+from pipeline.generate import Message, Spec, generate, write_landing
+from pipeline.records import landing_line
 
 
 def _rows(parquet: str) -> dict[tuple[Any, ...], tuple[Any, ...]]:
@@ -32,40 +34,29 @@ def test_duckdbs_query_in_spark_sql_gives_duckdbs_rows(spark: SparkSession, tmp_
     # every fault the generator makes: redeliveries, reused sequence numbers, payloads
     # that are not JSON, booleans, numbers beyond a double, text values, bad timestamps
     messages, _ = generate(Spec())
-    write_landing(tmp_path / "fleet", messages)
-    landing = tmp_path / "fleet" / "landing"
     # and lines where a looser translation would keep other rows: a sequence number used
     # by two messages (the first to arrive is kept), and one of 19 digits (left out)
-    hour = landing / "date=2026-01-01" / "hour=12"
-    hour.mkdir(parents=True)
-    lines = [
-        ("7", "2026-01-01T12:00:01Z", 1.5),
-        ("7", "2026-01-01T12:00:02Z", 99.0),
-        ("1234567890123456789", "2026-01-01T12:00:03Z", 50.0),
+    made = [
+        ("7", datetime(2026, 1, 1, 12, 0, 1, tzinfo=UTC), 1.5),
+        ("7", datetime(2026, 1, 1, 12, 0, 2, tzinfo=UTC), 99.0),
+        ("1234567890123456789", datetime(2026, 1, 1, 12, 0, 3, tzinfo=UTC), 50.0),
     ]
-    (hour / "made.jsonl").write_text(
-        "".join(
-            json.dumps(
-                {
-                    "topic": "ledge/gwx/serial/made0/temperature",
-                    "payload": json.dumps({"value": value, "timestamp": received}),
-                    "gateway": "gwx",
-                    "seq": seq,
-                    "received": received,
-                }
-            )
-            + "\n"
-            for seq, received, value in lines
+    for seq, received, value in made:
+        payload = json.dumps({"value": value, "timestamp": received.isoformat()}).encode()
+        line = landing_line(
+            "ledge/gwx/serial/made0/temperature", payload, 1, False, "gwx", seq, received
         )
-    )
+        messages.append(Message(received, line))
+    write_landing(tmp_path / "fleet", messages)
+    landing = tmp_path / "fleet" / "landing"
     duckdb_reference(landing, tmp_path, threads=2)
     spark_reference(spark, landing, tmp_path)
     for bucket in ("minute", "hour"):
         duck = _rows(str(tmp_path / f"duckdb_{bucket}.parquet"))
         ours = _rows(f"{tmp_path / f'spark_{bucket}'}/*.parquet")
         assert duck and any(n > 1 for n, *_ in duck.values())
-        made = [v for k, v in duck.items() if k[:3] == ("gwx", "made0", "temperature")]
-        assert made == [(1, 1.5, 1.5, 1.5)], made
+        kept = [v for k, v in duck.items() if k[:3] == ("gwx", "made0", "temperature")]
+        assert kept == [(1, 1.5, 1.5, 1.5)], kept
         assert sorted(ours) == sorted(duck), bucket
         for key, (n, low, high, mean) in duck.items():
             got = ours[key]
