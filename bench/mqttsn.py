@@ -156,11 +156,11 @@ class MqttClient:
 class SnClient:
     """An MQTT-SN client on its own UDP socket (the project's codec)."""
 
-    def __init__(self, port: int, client_id: str, keepalive: int = 600) -> None:
+    def __init__(self, port: int, client_id: str, keepalive: int = 600, host: str = "") -> None:
         self.gw = ("127.0.0.1", port)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock.bind((host or "127.0.0.1", 0))
         self.client_id = client_id
         self.keepalive = keepalive
         self.msg_id = 0
@@ -182,9 +182,18 @@ class SnClient:
                 return got
         raise BenchError(f"{self.client_id}: no {kind.__name__}")
 
-    def connect(self) -> None:
-        ack = self.request(sn.Connect(self.client_id, self.keepalive), sn.ConnAck)
-        assert isinstance(ack, sn.ConnAck) and ack.return_code == 0, ack
+    def connect(self, timeout: float = 30.0) -> None:
+        """CONNECT; on "rejected: congestion" (the gateway's CONNECT rates) try again a
+        little later, as a device does."""
+        deadline = time.monotonic() + timeout
+        while True:
+            ack = self.request(sn.Connect(self.client_id, self.keepalive), sn.ConnAck)
+            assert isinstance(ack, sn.ConnAck), ack
+            if ack.return_code != sn.ReturnCode.CONGESTION or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        if ack.return_code != 0:
+            raise BenchError(f"{self.client_id}: CONNACK {ack.return_code}")
 
     def next_id(self) -> int:
         self.msg_id = self.msg_id % 0xFFFF + 1
@@ -308,12 +317,18 @@ def throughput(ledge: Ledge, qos: int, rounds: int, seconds: float) -> tuple[Rat
 # ---------------------------------------------------------------------- memory
 
 
+def device_host(i: int) -> str:
+    """The loopback address of device ``i``: devices sit on many hosts, ten to one
+    address, as a LAN's devices (and the gateway's per-address limits) expect."""
+    return f"127.10.{i // 2500}.{2 + i // 10 % 250}"
+
+
 def idle_rss(ledge: Ledge, clients: int) -> tuple[float, float]:
     """KiB per idle client: (MQTT-SN on UDP, MQTT on TCP)."""
     before = _settled_rss(ledge)
     devices = []
     for i in range(clients):
-        d = SnClient(ledge.sn_port, f"idle-sn-{i}")
+        d = SnClient(ledge.sn_port, f"idle-sn-{i}", host=device_host(i))
         d.connect()
         d.subscribe(f"idle/sn/{i}", 1)
         devices.append(d)
@@ -366,7 +381,7 @@ def soak(ledge: Ledge, clients: int, seconds: float, sleep_s: float = 5.0) -> So
     sel = selectors.DefaultSelector()
     devices: list[SnClient] = []
     for i in range(clients):
-        d = SnClient(ledge.sn_port, f"soak-{i}", keepalive=60)
+        d = SnClient(ledge.sn_port, f"soak-{i}", keepalive=60, host=device_host(i))
         d.connect()
         d.subscribe(f"soak/down/{i}", 1)
         d.up_topic = d.register(f"soak/up/{i}")  # type: ignore[attr-defined]

@@ -50,3 +50,17 @@ def test_bench_quick_run(tmp_path: Path) -> None:
         assert qos1["details"]["unacked"] == 0
         assert qos1["details"]["unknown_acks"] == 0
     assert "fan-in" in proc.stdout and "Ledge/Mosq" in proc.stdout
+
+
+@pytest.mark.slow
+def test_bench_mqttsn_runs_as_shipped_with_its_devices_on_many_addresses() -> None:
+    """``make bench-mqttsn`` on a short run: its 300 idle devices and sleep soak go
+    through the gateway's per-address limits (128 clients, 20 CONNECTs a second) and
+    its CONNECT rates, as a LAN's devices do, and nothing acknowledged is lost."""
+    cmd = [sys.executable, "-m", "bench.mqttsn", "--rounds", "1", "--seconds", "0.3"]
+    cmd += ["--clients", "300", "--soak", "3"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=110, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "| KiB (one subscription each) |" in proc.stdout
+    assert "300 sleeping clients" in proc.stdout
+    assert "  lost: 0\n" in proc.stdout, proc.stdout
