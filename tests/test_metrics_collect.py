@@ -34,6 +34,7 @@ from gateway.metrics.view import (
 )
 from gateway.mqtt import MQTT_5, MQTT_311, Connect, Disconnect, Properties, Publish
 from gateway.mqttsn.packets import Disconnect as SnDisconnect
+from gateway.mqttsn.packets import Publish as SnPublish
 from gateway.mqttsn.packets import TopicIdType
 from gateway.runtime import GatewaySettings, RuntimeConfig, SerialSettings
 from gateway.sensors import SensorHub
@@ -332,6 +333,10 @@ MQTTSN_METRICS: dict[str, tuple[str, dict[str, str]]] = {
     "clients/evicted": ("ledge_mqttsn_clients_evicted_total", {}),
     "clients/evicted silent": ("ledge_mqttsn_clients_evicted_silent_total", {}),
     "clients/refused per address": ("ledge_mqttsn_clients_refused_per_address_total", {}),
+    "clients/refused rate": ("ledge_mqttsn_clients_refused_rate_total", {}),
+    "clients/evicted unproven": ("ledge_mqttsn_clients_evicted_unproven_total", {}),
+    "clients/unproven": ("ledge_mqttsn_clients_unproven", {}),
+    "clients/wake refused": ("ledge_mqttsn_wakes_refused_total", {}),
     "messages/received": ("ledge_mqttsn_packets_received_total", {}),
     "messages/sent": ("ledge_mqttsn_packets_sent_total", {}),
     "messages/malformed": ("ledge_mqttsn_packets_malformed_total", {}),
@@ -352,36 +357,66 @@ MQTTSN_METRICS: dict[str, tuple[str, dict[str, str]]] = {
 
 
 def mqttsn_world() -> tuple[SnHarness, MqttSnSource]:
-    """The firmware bridge on a broker core: clients in each state, a malformed
-    datagram, a refused PUBLISH, QoS -1, drops from a sleeping client's full queue, a
-    client without keep-alive evicted and one refused for its address's limit."""
+    """The firmware bridge on a broker core, producing every count its metrics name,
+    each a different number, so a metric that reads another counter fails here:
+    clients in each state; unreadable and refused input; QoS -1; a retransmission;
+    drops of each reason; each way a CONNECT is refused or a client evicted."""
     h = SnHarness(
         max_queued_messages=2,
-        max_clients=3,
+        max_clients=4,
         max_clients_per_address=1,
+        max_connect_rate_per_address=0.5,  # one CONNECT from an address, then one in 2 s
+        max_topics_per_client=2,
+        max_message_size=64,
+        retry_interval=5,
         predefined_topics={1: "p/one"},
     )
     mqtt = h.client(MQTT_311)
     mqtt.connect("pub")
-    h.device(("10.0.0.6", 5000)).connect("idle", duration=0)
+    idle = h.device(("10.0.0.6", 5000))
+    idle.connect("idle", duration=0)
+    idle.ping()
     h.advance(1)
     awake = h.device(("10.0.0.2", 5000))
     awake.connect("awake")
     awake.send_raw(b"\x03\x11\x00")  # malformed
+    awake.send_raw(b"\x02\xff")  # malformed
     awake.publish(0x7777, b"x", qos=1)  # unknown topic id: refused
     awake.take()
+    awake.subscribe("r", 1)  # its topic id is the first of a table of 2
+    for topic in ("t/1", "t/2", "t/3", "t/4"):  # three refused
+        awake.register(topic)
+    mqtt.publish("r", b"late", qos=1)
+    h.advance(5)  # not acknowledged: sent again
+    first, again = awake.expect(SnPublish), awake.expect(SnPublish)
+    assert again.dup and again.msg_id == first.msg_id
+    awake.ack(again)
+    awake.take()
+    mqtt.publish("r", b"x" * 100, qos=1)  # longer than max_message_size: dropped
     sleeper = h.device(("10.0.0.3", 5000))
     sleeper.connect("sleeper")
     sleeper.subscribe("n", 0)
     sleeper.sleep(600)
-    for i in range(5):  # a queue of 2: three dropped as queue full
+    for i in range(7):  # a queue of 2: five dropped as queue full (two more below)
         mqtt.publish("n", str(i).encode())
+    h.device(("10.0.0.66", 5000)).wake("sleeper")  # from elsewhere: refused
+    quiet = h.device(("10.0.0.7", 5000))
+    quiet.connect("quiet")  # never heard from again: unproven
     gone = h.device(("10.0.0.4", 5000))
-    gone.connect("gone", clean=False)  # the pool is full: "idle" is evicted
+    gone.connect("gone", clean=False)  # the pool is full: "quiet" is evicted
+    gone.subscribe("n", 0)
     gone.send(SnDisconnect())
     gone.take()
+    for i in range(2):  # QoS 0 for a disconnected client (and the sleeper): two dropped
+        mqtt.publish("n", str(i).encode())
+    late = h.device(("10.0.0.8", 5000))
+    late.connect("late")  # the pool is full: the session of "gone" is forgotten
+    late.ping()
+    last = h.device(("10.0.0.9", 5000))
+    last.connect("last")  # the pool is full: "idle" (no keep-alive) is evicted
     h.device(("10.0.0.5", 5000)).publish(1, b"m", qos=-1, id_type=TopicIdType.PREDEFINED)
     h.device(("10.0.0.2", 5001)).connect("twin")  # a second client from 10.0.0.2: refused
+    h.device(("10.0.0.2", 5002)).connect("third")  # and a third CONNECT: over the rate
     return h, MqttSnSource(h.gateway)
 
 
@@ -397,18 +432,52 @@ def test_every_mqttsn_sys_value_has_its_metric_with_the_same_value() -> None:
         assert got == float(value), f"{topic}: $SYS says {value}, {name} says {got}"
     assert len(sys_values) == len(MQTTSN_METRICS)
     # What the world caused, so that a metric that reads the wrong counter fails here.
-    assert v.get("ledge_mqttsn_clients", state="connected") == 1
-    assert v.get("ledge_mqttsn_clients", state="asleep") == 1
-    assert v.get("ledge_mqttsn_clients", state="disconnected") == 1
-    assert v.get("ledge_mqttsn_messages_dropped_total", reason="queue_full") == 3
-    assert v.get("ledge_mqttsn_packets_malformed_total") == 1
+    caused = {
+        ("ledge_mqttsn_clients", "connected"): 3,  # awake, late, last
+        ("ledge_mqttsn_clients", "asleep"): 1,
+        ("ledge_mqttsn_clients", "disconnected"): 0,
+        ("ledge_mqttsn_messages_dropped_total", "queue_full"): 7,
+        ("ledge_mqttsn_messages_dropped_total", "topic_table_full"): 3,
+        ("ledge_mqttsn_messages_dropped_total", "offline_qos0"): 2,
+        ("ledge_mqttsn_messages_dropped_total", "too_large"): 1,
+    }
+    for (name, label), expected in caused.items():
+        labels = {"reason" if "dropped" in name else "state": label}
+        assert v.get(name, float("nan"), **labels) == expected, (name, label)
+    assert v.get("ledge_mqttsn_packets_malformed_total") == 2
     assert v.get("ledge_mqttsn_messages_refused_total") == 1
     assert v.get("ledge_mqttsn_messages_qos_minus_one_total") == 1
-    assert v.get("ledge_mqttsn_connects_total") == 4
+    assert v.get("ledge_mqttsn_retransmissions_total") == 1
+    assert v.get("ledge_mqttsn_connects_total") == 7
+    assert v.get("ledge_mqttsn_clients_evicted_total") == 1
     assert v.get("ledge_mqttsn_clients_evicted_silent_total") == 1
+    assert v.get("ledge_mqttsn_clients_evicted_unproven_total") == 1
+    assert v.get("ledge_mqttsn_clients_unproven") == 1  # last
+    assert v.get("ledge_mqttsn_wakes_refused_total") == 1
     assert v.get("ledge_mqttsn_clients_refused_per_address_total") == 1
-    assert v.get("ledge_mqttsn_clients_refused_total") == 1
-    assert v.get("ledge_mqttsn_clients_limit") == 3
+    assert v.get("ledge_mqttsn_clients_refused_rate_total") == 1
+    assert v.get("ledge_mqttsn_clients_refused_total") == 2
+    assert v.get("ledge_mqttsn_clients_limit") == 4
+
+
+def test_each_mqttsn_counter_is_read_by_its_own_sys_value_and_metric() -> None:
+    """Every counter of the firmware bridge set to a value of its own: a ``$SYS`` value
+    or a metric that reads another counter (a swapped label) shows another's value."""
+    h, source = mqttsn_world()
+    st = h.gateway.stats
+    fields = [f for f in type(st).__dataclass_fields__ if f != "not_connected"]
+    for n, name in enumerate(fields):
+        setattr(st, name, 1000 + n)
+    v = Values(source.samples())
+    sys_values = h.gateway.sys_values()
+    counted = {}
+    for topic, value in sys_values.items():
+        name, labels = MQTTSN_METRICS[topic.removeprefix("mqttsn/")]
+        assert v.get(name, float("nan"), **labels) == float(value), topic
+        if int(value) >= 1000:
+            counted[int(value)] = topic
+    # connects is a metric without a $SYS value; every other counter has both.
+    assert sorted(counted) == [1000 + n for n, f in enumerate(fields) if f != "connects"]
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian prometheus)")
@@ -419,5 +488,5 @@ def test_promtool_accepts_the_mqttsn_metrics_and_the_page_shows_their_drops() ->
     collector.register(source)
     text = collector.metrics()
     assert not promtool_problems(text)
-    assert 'ledge_mqttsn_messages_dropped_total{reason="queue_full"} 3' in text
-    assert collector.status()["drops"]["mqttsn: queue full"] == 3
+    assert 'ledge_mqttsn_messages_dropped_total{reason="queue_full"} 7' in text
+    assert collector.status()["drops"]["mqttsn: queue full"] == 7

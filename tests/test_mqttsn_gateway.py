@@ -537,10 +537,13 @@ def test_takeover_from_a_new_address_keeps_the_session_without_a_will() -> None:
 
 
 def test_a_connect_flood_cannot_evict_established_clients() -> None:
-    h = SnHarness(max_clients=3)
+    h = SnHarness(max_clients=3, max_connect_rate_per_address=1e6)
     devices = [h.device(("10.0.0.2", i)) for i in range(3)]
     for i, d in enumerate(devices):
         assert d.connect(f"d{i}").return_code == ReturnCode.ACCEPTED
+    for d in devices[:2]:
+        d.send(PingReq())  # heard from after the CONNACK: proven
+        assert d.expect(PingResp) == PingResp()
     devices[2].sleep(600)  # asleep counts as established too
     for i in range(200):
         flood = h.device(("10.9.0.1", 10_000 + i))
@@ -559,6 +562,7 @@ def test_the_longest_disconnected_remembered_session_makes_room() -> None:
     a.send(Disconnect())
     h.advance(1)
     b.connect("b")
+    b.ping()
     assert c.connect("c").return_code == ReturnCode.ACCEPTED
     assert set(h.gateway.by_id) == {"b", "c"}
     assert h.gateway.stats.clients_evicted == 1
@@ -588,18 +592,21 @@ def test_a_full_table_evicts_the_longest_silent_client_without_keep_alive() -> N
     """Policy "evict longest silent": a newcomer takes the slot of the Duration-0
     client silent longest (its will published, DISCONNECT sent); clients with a
     keep-alive and sleeping clients keep theirs through a flood of Duration-0 CONNECTs."""
-    h = SnHarness(max_clients=4)
+    h = SnHarness(max_clients=4, max_connect_rate=1e6, max_connect_rate_per_address=1e6)
     w = watcher(h, "status/#")
     kept = h.device(("10.0.0.2", 1))
     kept.connect("kept", duration=60)
+    kept.ping()
     sleeper = h.device(("10.0.0.2", 2))
     sleeper.connect("sleeper", duration=60)
     sleeper.sleep(3600)
     old = h.device(("10.0.0.3", 1))
     old.connect("old", duration=0, will=("status/old", b"evicted", 0, False))
+    old.ping()
     h.advance(1)
     busy = h.device(("10.0.0.3", 2))
     busy.connect("busy", duration=0)
+    busy.ping()
     h.advance(1)
     newcomer = h.device(("10.0.0.4", 1))
     assert newcomer.connect("newcomer", duration=0).return_code == ReturnCode.ACCEPTED
@@ -609,18 +616,21 @@ def test_a_full_table_evicts_the_longest_silent_client_without_keep_alive() -> N
     assert h.gateway.stats.clients_evicted_silent == 1
     assert h.gateway.stats.clients_lost == 0
     h.advance(1)
-    busy.send(PingReq())  # busy spoke last: newcomer is now the longest silent
-    busy.take()
+    newcomer.ping()
+    h.advance(1)
+    busy.ping()  # busy spoke last: newcomer is now the longest silent
     for i in range(1100):
         flood = h.device((f"10.9.{i // 250}.{i % 250}", 10_000 + i))
         assert flood.connect(f"flood{i}", duration=0).return_code == ReturnCode.ACCEPTED
         if i % 20 == 0:
             h.advance(1)
-            kept.send(PingReq())  # within its keep-alive: established
-            assert kept.expect(PingResp) == PingResp()
-    assert {"kept", "sleeper"} <= set(h.gateway.by_id)
+            kept.ping()  # within its keep-alive: established
+    # The first flood CONNECT took the longest-silent proven slot (newcomer's); each
+    # later one the slot of the unproven flood client before it.
+    assert {"kept", "sleeper", "busy"} <= set(h.gateway.by_id)
     assert len(h.gateway.by_id) == 4
-    assert h.gateway.stats.clients_evicted_silent == 1101
+    assert h.gateway.stats.clients_evicted_silent == 2
+    assert h.gateway.stats.clients_evicted_unproven == 1099
     assert h.gateway.stats.clients_refused == 0
     sleeper.wake("sleeper")
     assert sleeper.expect(PingResp) == PingResp()
@@ -629,25 +639,31 @@ def test_a_full_table_evicts_the_longest_silent_client_without_keep_alive() -> N
 def test_clients_per_address_are_bounded_and_forwarded_nodes_count_there() -> None:
     h = SnHarness(max_clients_per_address=3, max_clients=50)
     for port in range(3):
-        assert h.device(("10.1.1.1", port)).connect(f"a{port}").return_code == 0
+        device = h.device(("10.1.1.1", port))
+        assert device.connect(f"a{port}").return_code == 0
+        device.ping()
     fourth = h.device(("10.1.1.1", 99))
     assert fourth.connect("a99").return_code == ReturnCode.CONGESTION
     assert h.gateway.stats.clients_refused_per_address == 1
     assert h.gateway.stats.clients_refused == 1
     # A known client coming back from a new port replaces itself: not refused.
-    assert h.device(("10.1.1.1", 50)).connect("a0").return_code == ReturnCode.ACCEPTED
+    moved = h.device(("10.1.1.1", 50))
+    assert moved.connect("a0").return_code == ReturnCode.ACCEPTED
     # Another IP is not affected.
     assert h.device(("10.1.1.2", 0)).connect("b").return_code == ReturnCode.ACCEPTED
     # Nodes behind one forwarder (5.5) share its address and its limit.
     for n in range(3):
         node = h.device(("10.2.2.2", 7), node_id=bytes((n,)))
         assert node.connect(f"node{n}").return_code == ReturnCode.ACCEPTED
+        node.ping()
     extra = h.device(("10.2.2.2", 7), node_id=b"\x09")
     assert extra.connect("node9").return_code == ReturnCode.CONGESTION
     assert h.gateway.stats.clients_refused_per_address == 2
     # IPv6: a /64 counts as one address (one host has all of it to pick from).
     for n in range(3):
-        assert h.device((f"2001:db8::{n + 1}", 1884, 0, 0)).connect(f"v6-{n}").return_code == 0
+        v6_device = h.device((f"2001:db8::{n + 1}", 1884, 0, 0))
+        assert v6_device.connect(f"v6-{n}").return_code == 0
+        v6_device.ping()
     v6 = h.device(("2001:db8::ff:1", 1884, 0, 0))
     assert v6.connect("v6-9").return_code == ReturnCode.CONGESTION
     assert h.device(("2001:db8:0:1::1", 1884, 0, 0)).connect("v6-x").return_code == 0
@@ -659,6 +675,14 @@ def test_clients_per_address_are_bounded_and_forwarded_nodes_count_there() -> No
     # Once one leaves, the address has room again.
     h.device(("10.1.1.1", 1)).send(Disconnect())
     assert fourth.connect("a99").return_code == ReturnCode.ACCEPTED
+    # Full again (a0 and a99 unproven, a2 proven): a newcomer from there takes the slot
+    # of the oldest client not heard from since its CONNACK, a0, which is told so.
+    moved.take()
+    assert h.device(("10.1.1.1", 51)).connect("a100").return_code == ReturnCode.ACCEPTED
+    assert moved.expect(Disconnect) == Disconnect()
+    assert set(h.gateway.by_id) >= {"a2", "a99", "a100"} and "a0" not in h.gateway.by_id
+    assert h.gateway.stats.clients_evicted_unproven == 1
+    assert h.gateway.stats.clients_refused_per_address == 3
 
 
 def test_half_finished_connects_time_out_and_are_bounded() -> None:
@@ -672,6 +696,181 @@ def test_half_finished_connects_time_out_and_are_bounded() -> None:
     assert h.gateway.by_id == {}
     third.send(Connect("w9", 60, will=True))
     assert third.take()[0] != ConnAck(ReturnCode.CONGESTION)
+
+
+# ---------------------------------------------------------------------- a hostile LAN
+
+
+def test_a_sleeping_clients_messages_go_only_where_it_connected_from(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A PINGREQ naming a sleeping client wakes it only from its own source (IPv4
+    address, any port; same transport and forwarder node): from anywhere else it is
+    refused with DISCONNECT, counted and logged, and the buffer waits for the device."""
+    h = SnHarness([TransportPolicy("udp"), TransportPolicy("serial")])
+    mqtt = h.client(MQTT_311)
+    mqtt.connect("pub")
+    dev = h.device(("10.0.0.2", 1000))
+    dev.connect("victim-1")
+    tid = dev.subscribe("to/victim", qos=1).topic_id
+    dev.sleep(600)
+    mqtt.publish("to/victim", b"secret", qos=1)
+    for thief in (
+        h.device(("10.0.0.66", 1000)),  # another host
+        h.device(("10.0.0.2", 1000), transport="serial"),  # another transport
+        h.device(("10.0.0.2", 1001), node_id=b"\x07"),  # a node behind a forwarder there
+    ):
+        thief.wake("victim-1")
+        assert thief.take() == [Disconnect()]
+    assert h.gateway.stats.wakes_refused == 3
+    assert any("PINGREQ waking 'victim-1' refused" in r.getMessage() for r in caplog.records)
+    moved = h.device(("10.0.0.2", 2000))  # the device itself, from a new source port
+    moved.wake("victim-1")
+    got = moved.expect(Publish)
+    assert (got.data, got.topic_id) == (b"secret", tid)
+    moved.ack(got)
+    assert moved.expect(PingResp) == PingResp()
+
+
+def test_a_device_that_moved_connects_again_and_then_wakes_from_its_new_address() -> None:
+    h = SnHarness()
+    mqtt = h.client(MQTT_311)
+    mqtt.connect("pub")
+    dev = h.device(("10.0.0.2", 1000))
+    dev.connect("roamer", clean=False)
+    dev.subscribe("to/roamer", qos=1)
+    dev.sleep(600)
+    mqtt.publish("to/roamer", b"kept", qos=1)
+    renewed = h.device(("10.0.0.9", 1000))  # a new DHCP lease
+    renewed.wake("roamer")
+    assert renewed.take() == [Disconnect()]  # connect again, says the gateway
+    assert renewed.connect("roamer", clean=False) == ConnAck(ReturnCode.ACCEPTED)
+    assert renewed.expect(Publish).data == b"kept"
+
+
+def test_unproven_clients_hold_a_share_and_the_oldest_past_its_grace_makes_room() -> None:
+    """A CONNECT nobody follows up (a spoofed source, an abandoned device) leaves an
+    unproven client: such clients hold at most unproven_share of the pool; past
+    unproven_grace the oldest makes room for a newcomer, without its will; a client
+    heard from after its CONNACK is proven and stays."""
+    h = SnHarness(max_clients=20, unproven_share=0.25, unproven_grace=10)
+    w = watcher(h, "status/#")
+    steady = h.device(("10.0.0.2", 1))
+    steady.connect("steady")
+    steady.ping()
+    for i in range(5):  # 5 = 25 % of 20
+        ghost = h.device((f"10.0.1.{i}", 1))
+        ghost.connect(f"ghost{i}", will=("status/ghost", b"gone", 0, False))
+        h.advance(1)
+    # Within the grace, a sixth is let in beyond the share (a burst of real devices).
+    assert h.device(("10.0.2.1", 1)).connect("early").return_code == ReturnCode.ACCEPTED
+    assert len(h.gateway.unproven) == 6 and h.gateway.stats.clients_evicted_unproven == 0
+    h.advance(10)
+    first = h.device(("10.0.1.0", 1))
+    first.take()
+    newcomer = h.device(("10.0.3.1", 1))
+    assert newcomer.connect("newcomer").return_code == ReturnCode.ACCEPTED
+    # Back to the share: the two oldest ghosts (past their grace) made room.
+    assert h.gateway.stats.clients_evicted_unproven == 2
+    assert first.take() == [Disconnect()]
+    assert {"ghost0", "ghost1"}.isdisjoint(h.gateway.by_id)
+    assert mqtt_messages(w) == []  # an unproven client's will is not published
+    newcomer.ping()
+    assert "newcomer" not in h.gateway.unproven and "steady" in h.gateway.by_id
+    values = h.gateway.sys_values()
+    assert values["mqttsn/clients/unproven"] == str(len(h.gateway.unproven)) == "4"
+    assert values["mqttsn/clients/evicted unproven"] == "2"
+
+
+def test_an_evicted_unproven_session_keeps_no_will_a_spoofed_connect_set() -> None:
+    """A persistent session taken over by a CONNECT that was never followed up keeps
+    its subscriptions when that client is evicted, but not the will the CONNECT set:
+    the device reconnecting without one must not have it published later."""
+    h = SnHarness(max_clients=10, unproven_share=0.1, unproven_grace=0)
+    w = watcher(h, "status/#")
+    spoofed = h.device(("10.0.0.66", 1))
+    spoofed.connect("dev", clean=False, will=("status/dev", b"forged", 0, False))
+    h.advance(1)
+    assert h.device(("10.0.0.3", 1)).connect("other").return_code == ReturnCode.ACCEPTED
+    assert spoofed.take() == [Disconnect()]
+    assert h.gateway.by_id["dev"].state.name == "DISCONNECTED"  # the session is kept
+    real = h.device(("10.0.0.4", 1))
+    assert real.connect("dev", clean=False, duration=10).return_code == ReturnCode.ACCEPTED
+    real.ping()
+    h.advance(16)  # keep-alive x 1.5 without a word: lost, and it has no will
+    assert h.gateway.stats.clients_lost == 1
+    assert mqtt_messages(w) == []
+
+
+def test_an_eight_address_flood_with_the_longest_keep_alive_leaves_a_new_device_served() -> None:
+    """The attack from the field: 128 CONNECTs with a keep-alive of 65535 s from each of
+    8 addresses fill all 1,024 slots and send nothing more. Established devices stay,
+    and a new device takes the slot of the oldest unproven client."""
+    h = SnHarness(max_connect_rate=1e6, max_connect_rate_per_address=1e6)
+    devices = []
+    for i in range(10):
+        dev = h.device(("10.0.0.2", i))
+        dev.connect(f"dev{i}", duration=60)
+        dev.ping()
+        devices.append(dev)
+    for i in range(1014):
+        flood = h.device((f"10.9.0.{i % 8}", 10_000 + i))
+        assert flood.connect(f"flood{i}", duration=65535).return_code == ReturnCode.ACCEPTED
+    assert len(h.gateway.by_id) == 1024
+    newcomer = h.device(("10.0.0.99", 1))
+    assert newcomer.connect("newcomer").return_code == ReturnCode.ACCEPTED
+    newcomer.ping()
+    assert h.gateway.stats.clients_evicted_unproven == 1
+    h.advance(30)  # the flood's grace is over; the next CONNECT trims it to its share
+    for dev in devices:
+        dev.ping()
+    late = h.device(("10.0.0.100", 1))
+    assert late.connect("late").return_code == ReturnCode.ACCEPTED
+    assert len(h.gateway.unproven) == h.settings.max_unproven == 256
+    assert {f"dev{i}" for i in range(10)} | {"newcomer"} <= set(h.gateway.by_id)
+
+
+def test_connects_beyond_the_rates_are_refused_per_address_and_in_all() -> None:
+    h = SnHarness(max_connect_rate=50, max_connect_rate_per_address=5)
+    # A burst of two seconds' worth from one address, then congestion.
+    replies = [h.device(("10.0.0.2", i)).connect(f"a{i}").return_code for i in range(11)]
+    assert replies == [ReturnCode.ACCEPTED] * 10 + [ReturnCode.CONGESTION]
+    # Another address is not held back by that one.
+    assert h.device(("10.0.0.3", 1)).connect("b").return_code == ReturnCode.ACCEPTED
+    h.advance(0.2)  # one more token for 10.0.0.2
+    assert h.device(("10.0.0.2", 99)).connect("a99").return_code == ReturnCode.ACCEPTED
+    # All sources together: two seconds of 50 (100), less the 12 taken above, plus the
+    # 10 that came back in 0.2 s: 98, then congestion.
+    got = [h.device((f"10.1.0.{i}", 1)).connect(f"c{i}").return_code for i in range(100)]
+    assert got == [ReturnCode.ACCEPTED] * 98 + [ReturnCode.CONGESTION] * 2
+    assert h.gateway.stats.clients_refused_rate == 1 + 2
+    # A serial line is one wired coordinator: no per-address rate, the global one.
+    h.advance(10)
+    uart = [
+        h.device("uart0", transport="serial", node_id=bytes((n,))).connect(f"s{n}").return_code
+        for n in range(20)
+    ]
+    assert uart == [ReturnCode.ACCEPTED] * 20
+
+
+def test_refusals_are_logged_once_per_address_a_minute(caplog: pytest.LogCaptureFixture) -> None:
+    """135 refused CONNECTs from one address write one line, not 135; the next line,
+    a minute later, says how many were left out."""
+    h = SnHarness(max_clients=1, max_connect_rate_per_address=1e6)
+    keeper = h.device(("10.0.0.2", 1))
+    keeper.connect("keeper")
+    keeper.ping()
+    for i in range(135):
+        assert h.device(("10.0.0.66", i)).connect(f"x{i}").return_code == ReturnCode.CONGESTION
+    lines = [r.getMessage() for r in caplog.records if "refusing CONNECT" in r.getMessage()]
+    assert len(lines) == 1 and "'x0'" in lines[0]
+    h.advance(60)
+    keeper.ping()
+    h.device(("10.0.0.66", 999)).connect("x999")
+    lines = [r.getMessage() for r in caplog.records if "refusing CONNECT" in r.getMessage()]
+    assert len(lines) == 2
+    assert "134 more from 10.0.0.66 in the last 60 s not logged" in lines[1]
+    assert h.gateway.stats.clients_refused == 136
 
 
 def test_malformed_datagrams_are_counted_and_the_client_keeps_working() -> None:

@@ -798,6 +798,26 @@ class MqttSnSource:
             st.clients_refused_per_address,
         )
         yield counter(
+            "ledge_mqttsn_clients_refused_rate_total",
+            "MQTT-SN CONNECTs refused: over mqttsn.max_connect_rate(_per_address).",
+            st.clients_refused_rate,
+        )
+        yield gauge(
+            "ledge_mqttsn_clients_unproven",
+            "MQTT-SN clients not heard from since their CONNACK.",
+            len(gw.unproven),
+        )
+        yield counter(
+            "ledge_mqttsn_clients_evicted_unproven_total",
+            "MQTT-SN clients silent since their CONNACK evicted for a newcomer.",
+            st.clients_evicted_unproven,
+        )
+        yield counter(
+            "ledge_mqttsn_wakes_refused_total",
+            "PINGREQs waking a sleeping client from elsewhere than it connected from.",
+            st.wakes_refused,
+        )
+        yield counter(
             "ledge_mqttsn_packets_received_total",
             "MQTT-SN messages received.",
             st.messages_received,

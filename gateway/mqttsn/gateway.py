@@ -27,8 +27,10 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import TYPE_CHECKING, Final
 
+from gateway.broker.buckets import SourceBuckets, TokenBucket
 from gateway.broker.logins import address_key
 from gateway.broker.proxy import INVALID, NO_ROOM, NOT_AUTHORIZED, ProxyClient
+from gateway.broker.ratelog import RateLimitedLog
 from gateway.broker.timers import Handle, Timers
 from gateway.mqtt.topics import has_wildcard, topic_name_error
 from gateway.mqttsn.codec import (
@@ -99,9 +101,6 @@ BROADCAST: Final = "<broadcast>"
 #: Inbound QoS 2 messages one client may have between PUBLISH and PUBREL; beyond that
 #: its QoS 2 PUBLISH gets PUBACK "rejected: congestion".
 MAX_INBOUND_QOS2: Final = 16
-
-#: Unreadable datagrams logged per transport per minute; the rest are only counted.
-MALFORMED_LOG_PER_MINUTE: Final = 10
 
 #: Longest client id accepted (the specification says 1-23 characters; like MQTT
 #: 3.1.1 servers we accept longer ones).
@@ -191,6 +190,8 @@ class SnClient:
         "next_msg_id",
         "next_topic_id",
         "node_id",
+        "origin",
+        "proven",
         "proxy",
         "queue",
         "retries",
@@ -215,6 +216,8 @@ class SnClient:
         self.duration = 0
         self.sleep_duration = 0
         self.last_rx = now
+        #: Heard from since its CONNACK (see ``MqttSnSettings.unproven_share``).
+        self.proven = False
         self.timer: Handle | None = None
         self.retry_timer: Handle | None = None
         self.retries = 0
@@ -239,6 +242,7 @@ class SnClient:
         self.key = key
         self.transport, self.address, self.node_id = key
         self.source = _source(self.address)
+        self.origin = _origin(key)
 
     def __repr__(self) -> str:
         return f"SnClient({self.client_id!r}, {self.state.name}, {self.where})"
@@ -273,6 +277,12 @@ class SnStats:
     clients_evicted_silent: int = 0
     #: CONNECTs refused because their source IP has ``max_clients_per_address``.
     clients_refused_per_address: int = 0
+    #: CONNECTs refused for ``max_connect_rate`` or ``max_connect_rate_per_address``.
+    clients_refused_rate: int = 0
+    #: Unproven clients (silent since their CONNACK) evicted for a newcomer.
+    clients_evicted_unproven: int = 0
+    #: PINGREQs naming a sleeping client, sent from elsewhere than it connected from.
+    wakes_refused: int = 0
     dropped_queue_full: int = 0
     dropped_topic_table: int = 0
     dropped_offline_qos0: int = 0
@@ -307,12 +317,17 @@ class Gateway:
         self.held: deque[tuple[int, SnClient, Datagram]] = deque()
         self.by_key: dict[tuple[str, Address, bytes], SnClient] = {}
         self.by_id: dict[str, SnClient] = {}
+        #: Clients not heard from since their CONNACK, oldest first.
+        self.unproven: dict[str, SnClient] = {}
         self.connecting = 0
+        self.connect_rate = TokenBucket(settings.max_connect_rate, now)
+        self.connect_rate_by_source = SourceBuckets(settings.max_connect_rate_per_address)
+        #: Refusals and unreadable input: one line per source a minute.
+        self.refusals = RateLimitedLog(log)
         self.stats = SnStats()
         self.predefined = dict(settings.predefined_topics)
         self.predefined_ids = {name: tid for tid, name in self.predefined.items()}
         self._anonymous: ProxyClient | None = None
-        self._malformed_window = (now, 0)
         #: The time of the event being handled.
         self.now = now
         if settings.advertise_interval > 0 and any(t.can_broadcast for t in transports):
@@ -332,7 +347,7 @@ class Gateway:
             qos = flags_qos(flags)
             if client is not None and qos >= 0 and client.state in _CONNECTED_STATES:
                 self.stats.messages_received += 1
-                client.last_rx = now
+                self._heard(client, now)
                 self._publish_fields(
                     client,
                     qos,
@@ -417,6 +432,10 @@ class Gateway:
             base + "clients/evicted": str(st.clients_evicted),
             base + "clients/evicted silent": str(st.clients_evicted_silent),
             base + "clients/refused per address": str(st.clients_refused_per_address),
+            base + "clients/refused rate": str(st.clients_refused_rate),
+            base + "clients/evicted unproven": str(st.clients_evicted_unproven),
+            base + "clients/unproven": str(len(self.unproven)),
+            base + "clients/wake refused": str(st.wakes_refused),
             base + "messages/received": str(st.messages_received),
             base + "messages/sent": str(st.messages_sent),
             base + "messages/malformed": str(st.malformed),
@@ -458,27 +477,26 @@ class Gateway:
 
     def _connect(self, key: tuple[str, Address, bytes], packet: Connect, now: float) -> None:
         cid = packet.client_id
+        st = self.stats
+        too_fast = self._connect_rate_exceeded(key, now)
+        if too_fast is not None:
+            st.clients_refused += 1
+            st.clients_refused_rate += 1
+            self._refuse_connect(key, cid, ReturnCode.CONGESTION, too_fast, now)
+            return
         refuse = self._connect_refusal(key, packet)
         if refuse is not None:
-            code, why = refuse
-            self.stats.clients_refused += 1
-            log.warning("%s: refusing CONNECT of %r: %s", _where(key), cid, why)
-            self._send_to(key, encode(ConnAck(code)))
+            st.clients_refused += 1
+            self._refuse_connect(key, cid, refuse[0], refuse[1], now)
             return
-        if self._address_full(key, cid):
-            st = self.stats
+        if self._address_full(key, cid) and not self._evict_unproven_at(key, cid, now):
             st.clients_refused += 1
             st.clients_refused_per_address += 1
-            if _sparse(st.clients_refused_per_address):
-                log.warning(
-                    "%s: refusing CONNECT of %r: %d clients from this address already"
-                    " (mqttsn.max_clients_per_address; %d refused so far)",
-                    _where(key),
-                    cid,
-                    self.settings.max_clients_per_address,
-                    st.clients_refused_per_address,
-                )
-            self._send_to(key, encode(ConnAck(ReturnCode.CONGESTION)))
+            why = (
+                f"{self.settings.max_clients_per_address} clients from this address already"
+                " (mqttsn.max_clients_per_address)"
+            )
+            self._refuse_connect(key, cid, ReturnCode.CONGESTION, why, now)
             return
         self.stats.connects += 1
         existing = self.by_id.get(cid)
@@ -490,14 +508,9 @@ class Gateway:
             client = self._resume(existing, key, packet, now)
         else:
             if not self._make_room(cid, now):
-                self.stats.clients_refused += 1
-                log.warning(
-                    "%s: refusing CONNECT of %r: all %d client slots in use",
-                    _where(key),
-                    cid,
-                    self.settings.max_clients,
-                )
-                self._send_to(key, encode(ConnAck(ReturnCode.CONGESTION)))
+                st.clients_refused += 1
+                why = f"all {self.settings.max_clients} client slots held by established clients"
+                self._refuse_connect(key, cid, ReturnCode.CONGESTION, why, now)
                 return
             client = SnClient(self, key, cid, now)
             self.by_id[cid] = client
@@ -518,6 +531,31 @@ class Gateway:
         if client.clean or client.state is State.CONNECTING:
             client.will = None  # 6.3: CleanSession=true, Will=false deletes the Will
         self._accept(client, now)
+
+    def _refuse_connect(
+        self, key: tuple[str, Address, bytes], cid: str, code: int, why: str, now: float
+    ) -> None:
+        """CONNACK ``code``; the line about it at a bounded rate per source."""
+        self.refusals(
+            now, _log_source(key), "%s: refusing CONNECT of %r: %s", _where(key), cid, why
+        )
+        self._send_to(key, encode(ConnAck(code)))
+
+    def _connect_rate_exceeded(self, key: tuple[str, Address, bytes], now: float) -> str | None:
+        """Why a CONNECT now is over ``max_connect_rate_per_address`` (UDP sources) or
+        ``max_connect_rate`` (everyone), or None."""
+        settings = self.settings
+        source = _source(key[1])
+        if source is not None and not self.connect_rate_by_source.take(source, now):
+            rate = settings.max_connect_rate_per_address
+            return (
+                f"more than {rate:g} CONNECTs a second from {source}"
+                " (mqttsn.max_connect_rate_per_address)"
+            )
+        if not self.connect_rate.take(now):
+            rate = settings.max_connect_rate
+            return f"more than {rate:g} CONNECTs a second in all (mqttsn.max_connect_rate)"
+        return None
 
     def _connect_refusal(
         self, key: tuple[str, Address, bytes], packet: Connect
@@ -581,15 +619,66 @@ class Gateway:
                     return True
         return False
 
+    def _evict_unproven_at(self, key: tuple[str, Address, bytes], cid: str, now: float) -> bool:
+        """The source of ``key`` is at ``max_clients_per_address``: the oldest unproven
+        client from there (not ``cid`` itself) makes room, whatever its age (a source's
+        own clients are all it can push out). False when there is none."""
+        source = _source(key[1])
+        for client in self.unproven.values():
+            if client.source == source and client.client_id != cid:
+                why = f"{self.settings.max_clients_per_address} clients from {source}"
+                self._evict_unproven(client, cid, why, now)
+                return True
+        return False
+
+    def _evict_unproven(self, client: SnClient, cid: str, why: str, now: float) -> None:
+        """End ``client``, silent since its CONNACK, to admit ``cid``. DISCONNECT tells a
+        real device to connect again; no will is published (a spoofed CONNECT must not
+        publish one); a persistent session is kept, disconnected."""
+        st = self.stats
+        st.clients_evicted_unproven += 1
+        if _sparse(st.clients_evicted_unproven):
+            log.warning(
+                "client %r at %s, silent for %.1f s since its CONNACK, evicted to admit %r:"
+                " %s (%d evicted so far)",
+                client.client_id,
+                client.where,
+                now - client.last_rx,
+                cid,
+                why,
+                st.clients_evicted_unproven,
+            )
+        self._send(client, Disconnect())
+        client.will = None
+        self._end(client, now)
+
     def _make_room(self, cid: str, now: float) -> bool:
-        """A slot for the new client ``cid`` (policy "evict longest silent"): free, or
-        taken from the longest-disconnected remembered session, or else from the
-        connected client without a keep-alive (Duration 0) silent the longest. Never
-        from a client with a keep-alive or asleep: while it keeps to its Duration it
-        is established (6.11, 6.14) and its own timer ends it when it stops; nor from
-        one in the middle of its CONNECT (``max_connecting``, ``connect_timeout``)."""
-        if len(self.by_id) < self.settings.max_clients:
+        """A slot for the new client ``cid``. Unproven clients beyond
+        ``unproven_share`` and past ``unproven_grace`` go first, oldest first; then, if
+        every slot is taken (policy "evict unproven, then longest silent"), the oldest
+        unproven client whatever its age, else the longest-disconnected remembered
+        session, else the connected client without a keep-alive (Duration 0) silent
+        the longest. Never a proven client with a keep-alive or asleep: while it keeps
+        to its Duration it is established (6.11, 6.14) and its own timer ends it when
+        it stops; nor one in the middle of its CONNECT (``max_connecting``,
+        ``connect_timeout``)."""
+        settings = self.settings
+        unproven = self.unproven
+        share = settings.max_unproven
+        judged = now - settings.unproven_grace
+        while len(unproven) - (cid in unproven) >= share:
+            oldest = next(c for c in unproven.values() if c.client_id != cid)
+            if oldest.last_rx > judged:
+                break
+            why = f"{len(unproven)} unproven clients (mqttsn.unproven_share of {share})"
+            self._evict_unproven(oldest, cid, why, now)
+        if len(self.by_id) < settings.max_clients:
             return True
+        victim = next((c for c in unproven.values() if c.client_id != cid), None)
+        if victim is not None:
+            self._evict_unproven(victim, cid, f"all {settings.max_clients} slots in use", now)
+            if len(self.by_id) < settings.max_clients:
+                return True
         gone: SnClient | None = None
         idle: SnClient | None = None
         for client in self.by_id.values():
@@ -635,7 +724,8 @@ class Gateway:
         return True
 
     def _accept(self, client: SnClient, now: float) -> None:
-        """The CONNECT is complete: the client is active (CONNACK accepted)."""
+        """The CONNECT is complete: the client is active (CONNACK accepted), unproven
+        until it is heard from again."""
         if client.state is State.CONNECTING:
             self.connecting -= 1
         if client.will is not None:
@@ -644,8 +734,11 @@ class Gateway:
                 rules is not None and not rules.can_write(client.will.topic)
             ):
                 self.stats.clients_refused += 1
-                log.warning(
-                    "refusing CONNECT of %r: not authorized to publish its will on %r",
+                self.refusals(
+                    now,
+                    _log_source(client.key),
+                    "%s: refusing CONNECT of %r: not authorized to publish its will on %r",
+                    client.where,
                     client.client_id,
                     client.will.topic,
                 )
@@ -657,6 +750,9 @@ class Gateway:
                 self.broker, client.client_id, client.receive, acl=self.acl, now=now
             )
         client.state = State.ACTIVE
+        client.proven = False
+        self.unproven.pop(client.client_id, None)
+        self.unproven[client.client_id] = client
         self._cancel_timers(client)
         self._keepalive(client, now)
         log.info(
@@ -681,7 +777,14 @@ class Gateway:
             return self._accept(client, now)
         if topic_name_error(packet.topic):
             self.stats.clients_refused += 1
-            log.warning("refusing CONNECT of %r: bad will topic %r", client.client_id, packet.topic)
+            self.refusals(
+                now,
+                _log_source(key),
+                "%s: refusing CONNECT of %r: bad will topic %r",
+                _where(key),
+                client.client_id,
+                packet.topic,
+            )
             self._send(client, ConnAck(ReturnCode.NOT_SUPPORTED))
             self._forget(client, now)
             return None
@@ -766,8 +869,16 @@ class Gateway:
         if client is None or client.state in (State.CONNECTING, State.DISCONNECTED):
             self._not_connected(key, packet)
             return None
-        client.last_rx = now
+        self._heard(client, now)
         return client
+
+    def _heard(self, client: SnClient, now: float) -> None:
+        """A message from ``client`` after its CONNACK: it is alive, and proven."""
+        client.last_rx = now
+        if not client.proven:
+            client.proven = True
+            if self.unproven.get(client.client_id) is client:
+                del self.unproven[client.client_id]
 
     def _not_connected(self, key: tuple[str, Address, bytes], packet: Packet) -> None:
         """A message that needs a connection from someone without one: DISCONNECT tells
@@ -814,8 +925,22 @@ class Gateway:
             if named is None or named.state in (State.CONNECTING, State.DISCONNECTED):
                 return self._not_connected(key, packet)
             if named.key != key:
-                # A sleeping device often wakes with a new source port.
+                # A sleeping device often wakes with a new source port; its buffered
+                # messages go only where it connected from (the same IPv4 address or
+                # IPv6 /64, serial line and forwarder node). A device that moved
+                # CONNECTs again: the DISCONNECT below tells it to.
                 if named.state not in (State.ASLEEP, State.AWAKE):
+                    return self._not_connected(key, packet)
+                if _origin(key) != named.origin:
+                    self.stats.wakes_refused += 1
+                    self.refusals(
+                        now,
+                        _log_source(key),
+                        "%s: PINGREQ waking %r refused: it connected from %s",
+                        _where(key),
+                        named.client_id,
+                        named.where,
+                    )
                     return self._not_connected(key, packet)
                 self.by_key.pop(named.key, None)
                 other = self.by_key.get(key)
@@ -826,7 +951,7 @@ class Gateway:
             client = named
         if client is None or client.state in (State.CONNECTING, State.DISCONNECTED):
             return self._not_connected(key, packet)
-        client.last_rx = now
+        self._heard(client, now)
         if client.state in (State.ASLEEP, State.AWAKE):
             # 6.14: awake; send what was buffered, then PINGRESP, then asleep again.
             client.state = State.AWAKE
@@ -843,7 +968,7 @@ class Gateway:
             # Nothing to end; confirm anyway so the device stops waiting.
             self._send_to(key, encode(Disconnect()))
             return
-        client.last_rx = now
+        self._heard(client, now)
         if packet.duration:
             # 6.14: asleep for ``duration`` seconds; its messages are buffered.
             client.state = State.ASLEEP
@@ -881,6 +1006,7 @@ class Gateway:
         if client.state is State.CONNECTING:
             self.connecting -= 1
         client.state = State.DISCONNECTED
+        self._unlist(client)
         self.by_key.pop(client.key, None)
         queue = client.queue
         if queue:
@@ -893,11 +1019,16 @@ class Gateway:
         if client.state is State.CONNECTING:
             self.connecting -= 1
         client.state = State.DISCONNECTED
+        self._unlist(client)
         if self.by_key.get(client.key) is client:
             del self.by_key[client.key]
         if self.by_id.get(client.client_id) is client:
             del self.by_id[client.client_id]
         self._clear_session(client, now)
+
+    def _unlist(self, client: SnClient) -> None:
+        if self.unproven.get(client.client_id) is client:
+            del self.unproven[client.client_id]
 
     def _cancel_timers(self, client: SnClient) -> None:
         self.timers.cancel(client.timer)
@@ -1401,25 +1532,15 @@ class Gateway:
         self, transport: str, address: Address, reason: str, offset: int, now: float
     ) -> None:
         self.stats.malformed += 1
-        start, count = self._malformed_window
-        if now - start >= 60.0:
-            if count > MALFORMED_LOG_PER_MINUTE:
-                log.warning(
-                    "%s: %d more unreadable messages in the last minute (not logged)",
-                    transport,
-                    count - MALFORMED_LOG_PER_MINUTE,
-                )
-            start, count = now, 0
-        count += 1
-        self._malformed_window = (start, count)
-        if count <= MALFORMED_LOG_PER_MINUTE:
-            log.warning(
-                "%s: unreadable message from %s at byte %d: %s",
-                transport,
-                _address_text(address),
-                offset,
-                reason,
-            )
+        self.refusals(
+            now,
+            _log_source((transport, address, b"")),
+            "%s: unreadable message from %s at byte %d: %s",
+            transport,
+            _address_text(address),
+            offset,
+            reason,
+        )
 
 
 def _publish_bytes(entry: Outbound, *, dup: bool) -> bytes:
@@ -1469,6 +1590,20 @@ def _source(address: Address) -> str | None:
         return None
     host: str = address[0]
     return address_key(f"[{host}]:0") if ":" in host else host
+
+
+def _origin(key: tuple[str, Address, bytes]) -> tuple[str, object, bytes]:
+    """Where a client may wake from: its transport, its source (IPv4 address, IPv6
+    /64, or the serial line) and its node behind a forwarder; any source port."""
+    transport, address, node_id = key
+    source = _source(address)
+    return (transport, address if source is None else source, node_id)
+
+
+def _log_source(key: tuple[str, Address, bytes]) -> str:
+    """What refusal lines are limited by: the source IP (/64), or the serial line."""
+    source = _source(key[1])
+    return source if source is not None else f"{key[0]} {key[1]}"
 
 
 def _address_text(address: Address) -> str:

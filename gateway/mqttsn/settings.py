@@ -56,12 +56,29 @@ class MqttSnSettings:
     #: Topic id -> topic name, known to every client in advance.
     predefined_topics: dict[int, str] = option(factory=dict)
     #: Connected, sleeping and remembered clients together. When full, a new CONNECT
-    #: takes the slot of a remembered (disconnected) session or of the longest-silent
-    #: client without a keep-alive; clients with a keep-alive are never taken.
+    #: takes the slot of the oldest unproven client, else of a remembered
+    #: (disconnected) session, else of the longest-silent client without a keep-alive;
+    #: proven clients with a keep-alive, and sleeping ones, are never taken.
     max_clients: int = option(1024, ge=1, le=MAX_SLOTS)
-    #: Clients from one source IP (a forwarder's nodes included); more get CONNACK
-    #: "rejected: congestion". Serial lines are not limited by this.
+    #: Clients from one source IP (a forwarder's nodes included); a newcomer beyond it
+    #: takes the slot of the oldest unproven client from that address, or else gets
+    #: CONNACK "rejected: congestion". Serial lines are not limited by this.
     max_clients_per_address: int = option(128, ge=1, le=MAX_SLOTS)
+    #: Unproven clients (nothing heard from them since their CONNACK: what a CONNECT
+    #: from a spoofed or abandoned source looks like) hold at most this share of
+    #: ``max_clients``; a newcomer beyond it takes the slot of the oldest unproven
+    #: client older than ``unproven_grace``. Any message after the CONNACK (PINGREQ,
+    #: PUBLISH, REGISTER, SUBSCRIBE, DISCONNECT...) proves a client.
+    unproven_share: float = option(0.25, gt=0, le=1)
+    #: Seconds after its CONNACK within which a client is expected to speak; younger
+    #: unproven clients are evicted for the share only when every slot is taken.
+    unproven_grace: float = option(10.0, ge=0, le=DAY)
+    #: CONNECTs accepted per second from all sources together (a burst of two seconds'
+    #: worth); more get CONNACK "rejected: congestion" and are counted.
+    max_connect_rate: float = option(200.0, gt=0, le=1_000_000)
+    #: CONNECTs per second from one source IP (an IPv6 /64), a burst of two seconds'
+    #: worth; serial lines are not limited by this.
+    max_connect_rate_per_address: float = option(20.0, gt=0, le=1_000_000)
     #: Clients in the middle of their CONNECT (the Will prompts) at once.
     max_connecting: int = option(64, ge=1, le=MAX_SLOTS)
     #: Longest message accepted or sent (octets, Length included).
@@ -84,3 +101,8 @@ class MqttSnSettings:
     keepalive_grace: float = option(1.5, ge=1.0, le=100.0)
     #: A connected client without a keep-alive (Duration 0) silent this long is lost.
     idle_timeout: float = option(3600.0, gt=0, le=DAY)
+
+    @property
+    def max_unproven(self) -> int:
+        """Slots unproven clients may hold beyond their grace (at least one)."""
+        return max(1, int(self.max_clients * self.unproven_share))

@@ -19,6 +19,7 @@ from gateway.mqttsn.packets import (
     Encapsulated,
     Packet,
     PingReq,
+    PingResp,
     PubAck,
     Publish,
     RegAck,
@@ -163,6 +164,11 @@ class SnDevice:
             self.expect(WillMsgReq)
             self.send(WillMsg(message))
         return self.expect(ConnAck)
+
+    def ping(self) -> None:
+        """PINGREQ, answered PINGRESP (after its CONNACK, this proves the client)."""
+        self.send(PingReq())
+        assert self.expect(PingResp) == PingResp()
 
     def register(self, topic: str) -> RegAck:
         self.send(Register(0, self.msg_id(), topic))
