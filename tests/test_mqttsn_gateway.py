@@ -345,6 +345,150 @@ def test_puback_invalid_topic_id_from_a_client_re_registers_and_resends() -> Non
     assert dev.expect(Publish).data == b"v"
 
 
+@pytest.mark.parametrize(
+    "code", [ReturnCode.CONGESTION, ReturnCode.INVALID_TOPIC_ID, ReturnCode.NOT_SUPPORTED]
+)
+def test_a_refused_regack_drops_that_message_once_and_the_next_one_goes_out(code: int) -> None:
+    """A device that will not take a topic (REGACK with a return code other than
+    accepted): the message that needed it is dropped and counted, the gateway does not
+    ask again, and what is queued behind it is delivered in order."""
+    h = SnHarness(retry_interval=5)
+    mqtt = h.client(MQTT_311)
+    mqtt.connect("pub")
+    dev = h.device()
+    dev.connect()
+    dev.subscribe("cmd/#", qos=1)
+    mqtt.publish("cmd/refused", b"1", qos=1)
+    mqtt.publish("cmd/ok", b"2", qos=1)
+    reg = dev.expect(Register)
+    assert reg.topic_name == "cmd/refused"
+    dev.send(RegAck(0, reg.msg_id, code))
+    reg2 = dev.expect(Register)
+    assert reg2.topic_name == "cmd/ok"
+    dev.send(RegAck(reg2.topic_id, reg2.msg_id))
+    pub = dev.expect(Publish)
+    assert (pub.topic_id, pub.data) == (reg2.topic_id, b"2")
+    dev.ack(pub)
+    h.advance(60)  # no REGISTER of the refused topic comes back, nor a resend
+    dev.nothing()
+    assert h.gateway.stats.publish_refused == 1
+    assert h.gateway.stats.retransmissions == 0
+    mqtt.publish("cmd/refused", b"3", qos=1)  # a later message asks again, once
+    assert dev.expect(Register).topic_name == "cmd/refused"
+
+
+def test_invalid_topic_id_then_re_register_keeps_the_order_of_what_follows() -> None:
+    """PUBACK "invalid topic id" (the device lost its registrations): the gateway
+    REGISTERs again and resends that message before the ones queued behind it."""
+    h = SnHarness()
+    mqtt = h.client(MQTT_311)
+    mqtt.connect("pub")
+    dev = h.device()
+    dev.connect()
+    dev.subscribe("cmd/#", qos=1)
+    for n in (b"1", b"2", b"3"):
+        mqtt.publish("cmd/a", n, qos=1)
+    reg = dev.expect(Register)
+    dev.send(RegAck(reg.topic_id, reg.msg_id))
+    first = dev.expect(Publish)
+    assert first.data == b"1"
+    dev.send(PubAck(first.topic_id, first.msg_id, ReturnCode.INVALID_TOPIC_ID))
+    reg2 = dev.expect(Register)
+    dev.send(RegAck(reg2.topic_id, reg2.msg_id))
+    got = []
+    for _ in range(3):
+        pub = dev.expect(Publish)
+        got.append(pub.data)
+        dev.ack(pub)
+    assert got == [b"1", b"2", b"3"]
+    assert h.gateway.stats.publish_refused == 0
+
+
+@pytest.mark.parametrize("qos", [1, 2])
+def test_a_message_in_flight_when_the_device_sleeps_is_resent_when_it_wakes(qos: int) -> None:
+    """6.14 with 6.13: the QoS 1/2 step in flight when a device went to sleep is not
+    resent while it sleeps; when it wakes it comes again (PUBLISH with DUP, or PUBREL),
+    then the rest of the buffer, then PINGRESP."""
+    h = SnHarness(retry_interval=5)
+    mqtt = h.client(MQTT_311)
+    mqtt.connect("pub")
+    dev = h.device()
+    dev.connect("sleeper")
+    tid = dev.subscribe("to/sleeper", qos=qos).topic_id
+    mqtt.publish("to/sleeper", b"in flight", qos=qos)
+    first = dev.expect(Publish)
+    if qos == 2:
+        dev.send(PubRec(first.msg_id))
+        assert dev.expect(PubRel) == PubRel(first.msg_id)
+    dev.sleep(120)
+    mqtt.publish("to/sleeper", b"queued", qos=qos)
+    h.advance(60)  # asleep: nothing is resent
+    dev.nothing()
+    assert h.gateway.stats.retransmissions == 0
+    dev.wake("sleeper")
+    if qos == 1:
+        again = dev.expect(Publish)
+        assert (again.dup, again.msg_id, again.data) == (True, first.msg_id, b"in flight")
+        dev.ack(again)
+    else:
+        assert dev.expect(PubRel) == PubRel(first.msg_id)
+        dev.send(PubComp(first.msg_id))
+    nxt = dev.expect(Publish)
+    assert (nxt.data, nxt.topic_id, nxt.dup) == (b"queued", tid, False)
+    if qos == 1:
+        dev.ack(nxt)
+    else:
+        dev.send(PubRec(nxt.msg_id))
+        assert dev.expect(PubRel) == PubRel(nxt.msg_id)
+        dev.send(PubComp(nxt.msg_id))
+    assert dev.expect(PingResp) == PingResp()
+    assert h.gateway.stats.retransmissions == 1
+
+
+def test_a_device_answering_congestion_has_that_message_dropped_and_counted() -> None:
+    """PUBACK "rejected: congestion" from a device: the message is not resent (it was
+    received and refused), counted as refused, and the next one goes out."""
+    h = SnHarness(retry_interval=5)
+    mqtt = h.client(MQTT_311)
+    mqtt.connect("pub")
+    dev = h.device()
+    dev.connect()
+    tid = dev.subscribe("busy", qos=1).topic_id
+    mqtt.publish("busy", b"1", qos=1)
+    mqtt.publish("busy", b"2", qos=1)
+    first = dev.expect(Publish)
+    dev.send(PubAck(tid, first.msg_id, ReturnCode.CONGESTION))
+    second = dev.expect(Publish)
+    assert second.data == b"2" and not second.dup
+    dev.ack(second)
+    h.advance(30)
+    dev.nothing()
+    assert h.gateway.stats.publish_refused == 1
+
+
+def test_inbound_qos2_beyond_its_bound_is_refused_congestion() -> None:
+    """A device with MAX_INBOUND_QOS2 QoS 2 messages between PUBLISH and PUBREL gets
+    PUBACK congestion for the next; once one is released, another is taken."""
+    from gateway.mqttsn.gateway import MAX_INBOUND_QOS2
+
+    h = SnHarness()
+    w = watcher(h, "q2/#", qos=2)
+    dev = h.device()
+    dev.connect()
+    tid = dev.register("q2/x").topic_id
+    ids = []
+    for _ in range(MAX_INBOUND_QOS2):
+        ids.append(dev.publish(tid, b"m", qos=2))
+        assert dev.expect(PubRec) == PubRec(ids[-1])
+    over = dev.publish(tid, b"over", qos=2)
+    assert dev.expect(PubAck) == PubAck(tid, over, ReturnCode.CONGESTION)
+    dev.send(PubRel(ids[0]))
+    assert dev.expect(PubComp) == PubComp(ids[0])
+    dev.send(Publish(tid, over, b"now", 2, False, False, TopicIdType.NORMAL))
+    assert dev.expect(PubRec) == PubRec(over)
+    assert len(mqtt_messages(w)) == MAX_INBOUND_QOS2 + 1
+
+
 # ---------------------------------------------------------------------- wills (6.3, 6.4)
 
 

@@ -22,6 +22,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mqttsn12.client.MqttSnClient import (  # type: ignore[import-untyped]
@@ -31,6 +32,25 @@ from mqttsn12.client.MqttSnClient import (  # type: ignore[import-untyped]
 )
 from mqttsn12.packets import PingReqPacket  # type: ignore[import-untyped]
 
+from gateway.mqttsn.codec import decode, encode
+from gateway.mqttsn.packets import (
+    ConnAck,
+    Connect,
+    Packet,
+    PingReq,
+    PingResp,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    RegAck,
+    Register,
+    ReturnCode,
+    SubAck,
+    Subscribe,
+)
+from gateway.mqttsn.packets import Disconnect as SnDisconnect
 from tests.support.clients import Paho
 from tests.support.procs import LedgeProcess, free_port
 from tests.support.prometheus import metrics_text, promtool_problems, scrape
@@ -594,3 +614,147 @@ def test_prometheus_metrics_count_a_real_client_and_a_malformed_datagram(tmp_pat
         assert m['ledge_mqttsn_messages_dropped_total{reason="queue_full"}'] == 0
         assert not any("meter-1" in series for series in m)
         assert not promtool_problems(metrics_text(http))
+
+
+# ---------------------------------------------------------------------- negative paths
+
+
+class RawDevice:
+    """A device written from the specification's messages (the project's codec, which
+    the vector tests pin to the specification's layouts), for the steps the PyPI
+    clients cannot take: refusing a REGISTER, losing a registration, sleeping with a
+    message in flight, answering congestion."""
+
+    def __init__(self, gw: Gateway, host: str = "127.0.0.1") -> None:
+        self.sock = _socket_on(host)
+        self.sock.settimeout(5)
+        self.to = ("127.0.0.1", gw.sn_port)
+        self.next_id = 0
+
+    def send(self, packet: Packet) -> None:
+        self.sock.sendto(encode(packet), self.to)
+
+    def receive(self) -> Packet:
+        data, _ = self.sock.recvfrom(2048)
+        return decode(data)
+
+    def expect(self, kind: type[Any]) -> Any:
+        packet = self.receive()
+        assert isinstance(packet, kind), packet
+        return packet
+
+    def nothing(self, seconds: float) -> None:
+        self.sock.settimeout(seconds)
+        try:
+            with pytest.raises(TimeoutError):
+                self.sock.recvfrom(2048)
+        finally:
+            self.sock.settimeout(5)
+
+    def msg_id(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    def connect(self, client_id: str) -> None:
+        self.send(Connect(client_id, 60))
+        assert self.expect(ConnAck).return_code == ReturnCode.ACCEPTED
+
+    def subscribe(self, topic: str, qos: int) -> int:
+        self.send(Subscribe(self.msg_id(), topic, qos))
+        ack = self.expect(SubAck)
+        assert ack.return_code == ReturnCode.ACCEPTED
+        return int(ack.topic_id)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_over_udp_a_refused_regack_drops_one_message_and_the_next_is_delivered(
+    gw: Gateway,
+) -> None:
+    mqtt = Paho(gw.mqtt_port, "pub-regack", version=4).connect()
+    dev = RawDevice(gw)
+    dev.connect("picky")
+    dev.subscribe("cmd/#", 1)
+    mqtt.publish("cmd/unwanted", b"1", qos=1)
+    reg = dev.expect(Register)
+    assert reg.topic_name == "cmd/unwanted"
+    dev.send(RegAck(0, reg.msg_id, ReturnCode.NOT_SUPPORTED))
+    mqtt.publish("cmd/wanted", b"2", qos=1)
+    reg = dev.expect(Register)
+    assert reg.topic_name == "cmd/wanted"
+    dev.send(RegAck(reg.topic_id, reg.msg_id))
+    pub = dev.expect(Publish)
+    assert (pub.topic_id, pub.data) == (reg.topic_id, b"2")
+    dev.send(PubAck(pub.topic_id, pub.msg_id))
+    dev.nothing(1.2)  # past retry_interval (0.5 s): the refused topic is not asked again
+    dev.close()
+    mqtt.disconnect()
+
+
+def test_over_udp_a_lost_registration_is_registered_again_in_order(gw: Gateway) -> None:
+    mqtt = Paho(gw.mqtt_port, "pub-reg", version=4).connect()
+    dev = RawDevice(gw)
+    dev.connect("forgetful")
+    dev.subscribe("cmd/#", 1)
+    for n in (b"1", b"2"):
+        mqtt.publish("cmd/a", n, qos=1)
+    reg = dev.expect(Register)
+    dev.send(RegAck(reg.topic_id, reg.msg_id))
+    first = dev.expect(Publish)
+    dev.send(PubAck(first.topic_id, first.msg_id, ReturnCode.INVALID_TOPIC_ID))
+    again = dev.expect(Register)
+    assert again.topic_name == "cmd/a"
+    dev.send(RegAck(again.topic_id, again.msg_id))
+    got = []
+    for _ in range(2):
+        pub = dev.expect(Publish)
+        got.append(pub.data)
+        dev.send(PubAck(pub.topic_id, pub.msg_id))
+    assert got == [b"1", b"2"]
+    dev.close()
+    mqtt.disconnect()
+
+
+def test_over_udp_a_message_in_flight_at_sleep_comes_again_at_wake(gw: Gateway) -> None:
+    mqtt = Paho(gw.mqtt_port, "pub-flight", version=4).connect()
+    dev = RawDevice(gw)
+    dev.connect("napper")
+    tid = dev.subscribe("to/napper", 1)
+    mqtt.publish("to/napper", b"in flight", qos=1)
+    first = dev.expect(Publish)
+    dev.send(SnDisconnect(60))  # asleep without acknowledging it
+    while not isinstance(got := dev.receive(), SnDisconnect):
+        assert isinstance(got, Publish) and got.msg_id == first.msg_id  # a resend in between
+    dev.nothing(1.2)  # asleep: no resends (retry_interval is 0.5 s)
+    dev.send(PingReq("napper"))
+    again = dev.expect(Publish)
+    assert (again.dup, again.msg_id, again.topic_id, again.data) == (
+        True,
+        first.msg_id,
+        tid,
+        b"in flight",
+    )
+    dev.send(PubAck(tid, again.msg_id))
+    assert dev.expect(PingResp) == PingResp()
+    dev.close()
+    mqtt.disconnect()
+
+
+def test_over_udp_a_device_answering_congestion_gets_the_next_message(gw: Gateway) -> None:
+    mqtt = Paho(gw.mqtt_port, "pub-busy", version=4).connect()
+    dev = RawDevice(gw)
+    dev.connect("busy")
+    tid = dev.subscribe("busy", 2)
+    mqtt.publish("busy", b"1", qos=2)
+    first = dev.expect(Publish)
+    mqtt.publish("busy", b"2", qos=2)
+    dev.send(PubAck(tid, first.msg_id, ReturnCode.CONGESTION))
+    second = dev.expect(Publish)
+    assert (second.data, second.dup) == (b"2", False)
+    dev.send(PubRec(second.msg_id))
+    assert dev.expect(PubRel) == PubRel(second.msg_id)
+    dev.send(PubComp(second.msg_id))
+    dev.nothing(1.2)
+    dev.close()
+    mqtt.disconnect()
