@@ -390,6 +390,13 @@ class _BluetoothChecks(_Model):
                 raise ValueError(f"entry {i} ({pattern!r}) is not an address pattern (A4:C1:38:*)")
         return value
 
+    @model_validator(mode="after")
+    def _backoff(self) -> Any:
+        get = _fields_of(self)
+        if get("reconnect_max") < get("reconnect_min"):
+            raise ValueError("reconnect_max must not be below reconnect_min")
+        return self
+
 
 class _BridgeTlsChecks(_Model):
     @model_validator(mode="after")
