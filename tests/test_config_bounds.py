@@ -262,7 +262,11 @@ def test_the_gateway_serves_with_every_option_at_its_minimum(tmp_path: Path) -> 
         client.subscribe("m/#", 2)
         for qos in (0, 1, 2):
             client.publish("m/t", f"q{qos}".encode(), qos=qos)
-            wait_for(lambda n=qos: len(client.messages) > n, 10, f"the QoS {qos} message back")
+
+            def back(n: int = qos) -> bool:
+                return len(client.messages) > n
+
+            wait_for(back, 10, f"the QoS {qos} message back")
         assert [m.payload for m in client.messages] == [b"q0", b"q1", b"q2"]
         assert not client.disconnects
         client.disconnect()
