@@ -7,13 +7,22 @@ closes the pty's master side, replugging makes a new pty and moves the symlink.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import select
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import serial
+
+import drivers.serial
+from gateway.broker.core import Broker
+from gateway.broker.settings import BrokerSettings
+from gateway.config import parse_config
+from gateway.sensors import SensorHub
 
 from tests.support.clients import Paho, Received
 from tests.support.procs import LedgeProcess
@@ -145,39 +154,132 @@ def test_garbage_is_logged_with_device_and_offset_and_good_lines_survive(
         assert proc.stop() == 0
 
 
-def test_unplug_and_replug_are_survived(tmp_path: Path, device: FakeDevice) -> None:
+def test_unplug_and_replug_are_survived_three_times_in_a_row(
+    tmp_path: Path, device: FakeDevice
+) -> None:
     proc = start(tmp_path, device, 'name = "env"\nprotocol = "jsonl"')
     try:
         sub = Paho(proc.port, "watch").connect()
         sub.subscribe("ledge/gw1/serial/env/#", 0)
-        device.send(b'{"t": 1}\n')
-        wait_for(lambda: any(m.topic.endswith("/t") for m in sub.messages), 5, "first reading")
-        device.unplug()
-        proc.wait_log(r"env: disconnected from")
-        wait_for(
-            lambda: (
-                [m.payload for m in sub.messages if m.topic.endswith("/status")][-1] == b"offline"
-            ),
-            5,
-            "status offline",
-        )
-        device.plug()
-        wait_for(lambda: proc.log.count("env: connected at") == 2, 10, "reconnected")
-        device.send(b'{"t": 2}\n')
-        wait_for(
-            lambda: (
-                [json.loads(m.payload)["value"] for m in sub.messages if m.topic.endswith("/t")]
-                == [1, 2]
-            ),
-            5,
-            "reading after replug",
-        )
-        statuses = [m.payload for m in sub.messages if m.topic.endswith("/status")]
-        assert statuses[-1] == b"online"
-        assert proc.log.count("env: disconnected") == 1  # one line per state change
+
+        def values() -> list[int]:
+            return [json.loads(m.payload)["value"] for m in sub.messages if m.topic.endswith("/t")]
+
+        def last_status() -> bytes:
+            return [m.payload for m in sub.messages if m.topic.endswith("/status")][-1]
+
+        device.send(b'{"t": 0}\n')
+        wait_for(lambda: values() == [0], 5, "first reading")
+        for n in (1, 2, 3):
+            device.unplug()
+            wait_for(lambda n=n: proc.log.count("env: disconnected from") == n, 5, "unplugged")
+            wait_for(lambda: last_status() == b"offline", 5, "status offline")
+            device.plug()
+            wait_for(lambda n=n: proc.log.count("env: connected at") == n + 1, 10, "replugged")
+            device.send(b'{"t": %d}\n' % n)
+            wait_for(lambda n=n: values() == list(range(n + 1)), 5, f"reading after replug {n}")
+            assert last_status() == b"online"
+        assert proc.log.count("env: disconnected") == 3  # one line per state change
         sub.disconnect()
     finally:
         assert proc.stop() == 0
+
+
+class Recorded(serial.Serial):  # type: ignore[misc]
+    """The real pyserial port, remembering what it was opened with."""
+
+    opened: list[tuple[int, int, str, float]] = []
+
+    def open(self) -> None:
+        super().open()
+        Recorded.opened.append((self.baudrate, self.bytesize, self.parity, self.stopbits))
+
+
+PYSERIAL_PARITY = {"none": "N", "even": "E", "odd": "O", "mark": "M", "space": "S"}
+
+
+@pytest.mark.parametrize("parity", sorted(PYSERIAL_PARITY))
+@pytest.mark.parametrize("bytesize", [5, 6, 7, 8])
+@pytest.mark.parametrize("stopbits", [1, 1.5, 2])
+def test_every_line_setting_reaches_pyserial_as_configured(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    parity: str,
+    bytesize: int,
+    stopbits: float,
+) -> None:
+    """From the config file through the sensor to pyserial opening a real pty: the
+    port is opened at the configured baud rate, byte size, parity and stop bits. (A
+    pty takes the settings and, on Linux, keeps 8 bits without parity whatever they
+    were, so what pyserial was asked is what can be checked here.)"""
+    Recorded.opened = []
+    monkeypatch.setattr(drivers.serial.serial, "Serial", Recorded)
+    master, slave = os.openpty()
+    text = (
+        '[gateway]\nid = "gw1"\n[[serial]]\nname = "line"\n'
+        f'path = "{os.ttyname(slave)}"\nbaudrate = 57600\nbytesize = {bytesize}\n'
+        f'parity = "{parity}"\nstopbits = {stopbits}\n'
+    )
+    settings = parse_config(text).to_runtime().sensors
+    hub = SensorHub(Broker(BrokerSettings()), settings, lambda: 0.0)
+    port = hub.sensors["line"].port
+
+    async def open_once() -> None:
+        task = asyncio.create_task(port.run())
+        while not port.connected:
+            await asyncio.sleep(0)
+        port.stop()
+        await asyncio.wait_for(task, 5)
+
+    try:
+        asyncio.run(open_once())
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert Recorded.opened == [(57600, bytesize, PYSERIAL_PARITY[parity], stopbits)]
+
+
+def test_the_reconnect_backoff_starts_again_after_a_successful_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Absent, the device is tried again after 0.5, 1, 2, 4 ... s (up to
+    reconnect_max); once it was open, the next absence starts again at 0.5 s."""
+    waits: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def recorded_sleep(delay: float, result: Any = None) -> Any:
+        waits.append(round(delay, 6))
+        return await real_sleep(0)
+
+    monkeypatch.setattr(drivers.serial.asyncio, "sleep", recorded_sleep)
+    monkeypatch.setattr(drivers.serial.random, "uniform", lambda a, b: 1.0)
+    device = FakeDevice(tmp_path / "by-id")
+    device.unplug()
+    device.link.unlink()
+    port = drivers.serial.SerialPort(
+        "line",
+        drivers.serial.PortSettings(str(device.link), reconnect_min=0.5, reconnect_max=4.0),
+        lambda data: None,
+        lambda up: None,
+    )
+
+    async def scenario() -> None:
+        task = asyncio.create_task(port.run())
+        while len(waits) < 5:
+            await real_sleep(0)
+        device.plug()  # present again: opened at the next try
+        while not port.connected:
+            await real_sleep(0)
+        device.unplug()
+        device.link.unlink()
+        while len(waits) < 8:
+            await real_sleep(0)
+        port.stop()
+        await asyncio.wait_for(task, 5)
+
+    asyncio.run(scenario())
+    assert waits[:8] == [0.5, 1.0, 2.0, 4.0, 4.0, 0.5, 1.0, 2.0]
+    device.close()
 
 
 def test_command_round_trip(tmp_path: Path, device: FakeDevice) -> None:
