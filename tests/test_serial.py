@@ -23,7 +23,6 @@ from gateway.broker.core import Broker
 from gateway.broker.settings import BrokerSettings
 from gateway.config import parse_config
 from gateway.sensors import SensorHub
-
 from tests.support.clients import Paho, Received
 from tests.support.procs import LedgeProcess
 from tests.support.wait import wait_for
@@ -172,12 +171,22 @@ def test_unplug_and_replug_are_survived_three_times_in_a_row(
         wait_for(lambda: values() == [0], 5, "first reading")
         for n in (1, 2, 3):
             device.unplug()
-            wait_for(lambda n=n: proc.log.count("env: disconnected from") == n, 5, "unplugged")
+
+            def unplugged(n: int = n) -> bool:
+                return proc.log.count("env: disconnected from") == n
+
+            def replugged(n: int = n) -> bool:
+                return proc.log.count("env: connected at") == n + 1
+
+            def read(n: int = n) -> bool:
+                return values() == list(range(n + 1))
+
+            wait_for(unplugged, 5, "unplugged")
             wait_for(lambda: last_status() == b"offline", 5, "status offline")
             device.plug()
-            wait_for(lambda n=n: proc.log.count("env: connected at") == n + 1, 10, "replugged")
+            wait_for(replugged, 10, "replugged")
             device.send(b'{"t": %d}\n' % n)
-            wait_for(lambda n=n: values() == list(range(n + 1)), 5, f"reading after replug {n}")
+            wait_for(read, 5, f"reading after replug {n}")
             assert last_status() == b"online"
         assert proc.log.count("env: disconnected") == 3  # one line per state change
         sub.disconnect()
@@ -185,7 +194,7 @@ def test_unplug_and_replug_are_survived_three_times_in_a_row(
         assert proc.stop() == 0
 
 
-class Recorded(serial.Serial):  # type: ignore[misc]
+class Recorded(serial.Serial):
     """The real pyserial port, remembering what it was opened with."""
 
     opened: list[tuple[int, int, str, float]] = []
@@ -213,7 +222,7 @@ def test_every_line_setting_reaches_pyserial_as_configured(
     pty takes the settings and, on Linux, keeps 8 bits without parity whatever they
     were, so what pyserial was asked is what can be checked here.)"""
     Recorded.opened = []
-    monkeypatch.setattr(drivers.serial.serial, "Serial", Recorded)
+    monkeypatch.setattr(serial, "Serial", Recorded)
     master, slave = os.openpty()
     text = (
         '[gateway]\nid = "gw1"\n[[serial]]\nname = "line"\n'
@@ -225,9 +234,10 @@ def test_every_line_setting_reaches_pyserial_as_configured(
     port = hub.sensors["line"].port
 
     async def open_once() -> None:
+        opened = asyncio.Event()
+        port.on_state = lambda up: opened.set()
         task = asyncio.create_task(port.run())
-        while not port.connected:
-            await asyncio.sleep(0)
+        await asyncio.wait_for(opened.wait(), 5)
         port.stop()
         await asyncio.wait_for(task, 5)
 
@@ -246,39 +256,51 @@ def test_the_reconnect_backoff_starts_again_after_a_successful_open(
     reconnect_max); once it was open, the next absence starts again at 0.5 s."""
     waits: list[float] = []
     real_sleep = asyncio.sleep
+    changed: list[asyncio.Event] = []
 
     async def recorded_sleep(delay: float, result: Any = None) -> Any:
         waits.append(round(delay, 6))
+        changed[0].set()
         return await real_sleep(0)
 
-    monkeypatch.setattr(drivers.serial.asyncio, "sleep", recorded_sleep)
-    monkeypatch.setattr(drivers.serial.random, "uniform", lambda a, b: 1.0)
+    # The driver's waits and jitter (asyncio's and random's, for this test only).
+    monkeypatch.setattr("drivers.serial.asyncio.sleep", recorded_sleep)
+    monkeypatch.setattr("drivers.serial.random.uniform", lambda a, b: 1.0)
     device = FakeDevice(tmp_path / "by-id")
     device.unplug()
     device.link.unlink()
+
+    async def until(done: Any) -> None:
+        while not done():
+            changed[0].clear()
+            await asyncio.wait_for(changed[0].wait(), 5)
+
     port = drivers.serial.SerialPort(
         "line",
         drivers.serial.PortSettings(str(device.link), reconnect_min=0.5, reconnect_max=4.0),
         lambda data: None,
-        lambda up: None,
+        lambda up: changed[0].set(),
     )
 
+    before_open: list[int] = []
+
     async def scenario() -> None:
+        changed.append(asyncio.Event())
         task = asyncio.create_task(port.run())
-        while len(waits) < 5:
-            await real_sleep(0)
+        await until(lambda: len(waits) >= 5)
         device.plug()  # present again: opened at the next try
-        while not port.connected:
-            await real_sleep(0)
+        await until(lambda: port.connected)
+        before_open.append(len(waits))
         device.unplug()
         device.link.unlink()
-        while len(waits) < 8:
-            await real_sleep(0)
+        await until(lambda: len(waits) >= before_open[0] + 3)
         port.stop()
         await asyncio.wait_for(task, 5)
 
     asyncio.run(scenario())
-    assert waits[:8] == [0.5, 1.0, 2.0, 4.0, 4.0, 0.5, 1.0, 2.0]
+    assert waits[:5] == [0.5, 1.0, 2.0, 4.0, 4.0]
+    assert set(waits[5 : before_open[0]]) <= {4.0}  # tries before the open saw it
+    assert waits[before_open[0] :][:3] == [0.5, 1.0, 2.0]
     device.close()
 
 
