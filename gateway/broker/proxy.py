@@ -86,24 +86,31 @@ class ProxyClient(LocalClient):
     # ------------------------------------------------------------------ publishing
 
     def refusal(self, topic: str, qos: int, retain: bool, size: int) -> Refusal | None:
-        """Why a PUBLISH from this device cannot be accepted now, or None (counted in
-        ``publish/messages/denied`` either way)."""
-        broker = self.broker
+        """Why a PUBLISH from this device cannot be accepted now, or None.
+
+        A refused PUBLISH is counted as an MQTT client's is: in
+        ``publish/messages/received`` and ``publish/messages/denied`` (one that passes
+        is counted by ``publish_counted``)."""
+        why = self._refusal(topic, qos, retain, size)
+        if why is not None:
+            stats = self.broker.stats
+            stats.publish_received += 1
+            stats.publish_denied += 1
+        return why
+
+    def _refusal(self, topic: str, qos: int, retain: bool, size: int) -> Refusal | None:
+        # The checks of publish_policy.receive, step 5 on, in its order.
         if topic.startswith("$SYS"):
-            broker.stats.publish_denied += 1
             return Refusal("$SYS belongs to the broker", NOT_AUTHORIZED)
         if topic.startswith(SHARE_PREFIX):
             # "$share/" names shared subscriptions, never a topic (as for MQTT clients).
-            broker.stats.publish_denied += 1
             return Refusal("$share/ is not a topic", INVALID)
         rules = self.session.rules
         if rules is not None and not rules.can_write(topic):
-            broker.stats.publish_denied += 1
             return Refusal("not authorized by the ACL", NOT_AUTHORIZED)
         if qos > 0:
-            why = publish_policy.refusal(broker, topic, retain, size)
+            why = publish_policy.refusal(self.broker, topic, retain, size)
             if why is not None:
-                broker.stats.publish_denied += 1
                 return Refusal(why, NO_ROOM)
         return None
 
