@@ -145,7 +145,7 @@ def accept(
         "client %r connected from %s (MQTT %s, keep alive %d s, session %s)",
         client_id,
         conn.peer,
-        _VERSION_NAMES.get(version, str(version)),
+        _VERSION_NAMES.get(version, str(version)) + (" bridge" if conn.bridge else ""),
         keep_alive,
         "resumed" if session_present else "new",
     )
