@@ -11,6 +11,8 @@ with the real Mosquitto in ``test_mosquitto_bridge_in``.
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from gateway.broker.acl import parse_acl_file
@@ -183,3 +185,21 @@ def test_a_device_will_is_published_on_its_own_state_only() -> None:
     assert h.broker.stats.publish_denied == 1
     client.proxy.publish_will(state("dev1"), b"0", 1, True, h.now)
     assert received(w) == [(state("dev1"), b"0", False)]
+
+
+def test_a_client_repeating_a_refused_sys_publish_costs_one_log_line_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every refusal is counted; its log line goes through the refusal limiter."""
+    h = Harness()
+    c = h.client(MQTT_5)
+    c.connect("noisy")
+    caplog.set_level(logging.INFO, logger="ledge.broker")
+    for _ in range(50):
+        c.send(Publish("$SYS/broker/uptime", b"x", 0))
+    h.advance(61)
+    c.send(Publish("$SYS/broker/uptime", b"x", 0))
+    lines = [r.getMessage() for r in caplog.records if "$SYS is read-only" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert "49 more from 127.0.0.1 in the last 60 s not logged" in lines[1]
+    assert h.broker.stats.publish_denied == 51

@@ -111,14 +111,22 @@ def receive(
     elif topic.startswith("$SYS") and sys_write_refused(topic, conn.client_id):
         # $SYS belongs to the broker; a client's write is refused (3.1.1: silently dropped).
         stats.publish_denied += 1
-        log.info("refusing PUBLISH from %s to %r: $SYS is read-only", conn.label, topic)
+        ctx.publish_refusals(
+            now, conn.source, "refusing PUBLISH from %s to %r: $SYS is read-only", conn.label, topic
+        )
         code = _NOT_AUTHORIZED
     elif topic.startswith(SHARE_PREFIX):
         # "$share/" names shared subscriptions, never a topic: the name is refused like
         # one the server does not accept (0x90 on MQTT 5.0; 3.1.1: acknowledged and
         # dropped), counted as denied. MQTT 5.0 4.7.2: $-topics are the server's.
         stats.publish_denied += 1
-        log.info("refusing PUBLISH from %s to %r: $share/ is not a topic", conn.label, topic)
+        ctx.publish_refusals(
+            now,
+            conn.source,
+            "refusing PUBLISH from %s to %r: $share/ is not a topic",
+            conn.label,
+            topic,
+        )
         code = ReasonCode.TOPIC_NAME_INVALID
     elif conn.rules is not None and not conn.rules.can_write(topic):
         # Not authorized by the ACL: MQTT 5.0 acknowledges with 0x87, MQTT 3.1.1 has no
