@@ -131,6 +131,20 @@ VECTORS: list[Vector] = [
         "3.1.1 §3.1.2.3, §3.1.3",
     ),
     Vector(
+        "v311-connect-bridge",
+        V311,
+        h("10 0e" + MQTT_NAME + "84 02 00 3c 00 02 62 31"),  # level 4 with the top bit
+        Connect("b1", V311, True, 60, bridge=True),
+        "Mosquitto's try_private: level 0x80 | 4",
+    ),
+    Vector(
+        "v31-connect-bridge",
+        V31,
+        h("10 10 00 06 4d 51 49 73 64 70 83 02 00 3c 00 02 62 31"),  # MQIsdp, 0x80 | 3
+        Connect("b1", MQTT_31, protocol_name="MQIsdp", bridge=True),
+        "Mosquitto's try_private: level 0x80 | 3",
+    ),
+    Vector(
         "v311-connect-persistent-session",
         V311,
         h("10 0f" + MQTT_NAME + "04 00 00 00 00 03 61 62 63"),
@@ -1026,6 +1040,14 @@ BAD: list[Bad] = [
         "connect-unsupported-level-6",
         V5,
         h("10 0c" + MQTT_NAME + "06 02 00 3c 00 00"),
+        UnsupportedProtocolVersion,
+        UNSUPPORTED,
+        "MQTT-3.1.2-2",
+    ),
+    Bad(
+        "connect-bridge-bit-on-level-5",
+        V5,
+        h("10 0d" + MQTT_NAME + "85 02 00 3c 00 00 00"),  # 5.0 says bridges by options
         UnsupportedProtocolVersion,
         UNSUPPORTED,
         "MQTT-3.1.2-2",

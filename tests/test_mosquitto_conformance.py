@@ -1,7 +1,8 @@
 """Where Ledge deviated from the specification (found by Mosquitto's own broker tests),
 each case over real sockets against ``ledge run``: Maximum Packet Size towards a
-client, wills on takeover and reconnection, PUBLISH to ``$share/``, malformed
-SUBSCRIBE, MQTT 3.1 (paho's ``MQTTv31``) and the SIGHUP window of an ACL change.
+client, wills on takeover and reconnection, PUBLISH to ``$share/`` and ``$SYS``
+(Mosquitto's 03-publish-dollar-v5), malformed SUBSCRIBE, MQTT 3.1 (paho's
+``MQTTv31``) and the SIGHUP window of an ACL change.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from gateway.mqtt import (
     Will,
     encode,
 )
-from tests.support.procs import LedgeProcess
+from tests.support.procs import LedgeProcess, MosquittoProcess
 from tests.support.raw import Raw
 from tests.support.wait import wait_for
 
@@ -300,6 +301,62 @@ def test_publish_to_share_is_refused(gateway: LedgeProcess) -> None:
     assert isinstance(three.expect(1)[0], PubAck)
     assert [p for p in ping(watcher) if isinstance(p, Publish)] == []
     assert not five.closed and not three.closed
+
+
+# ------------------------------------------------------------------ $ topics
+
+
+#: Mosquitto's 03-publish-dollar-v5, case by case: each PUBLISH (QoS 1, MQTT 5.0) on a
+#: connection of its own with client id "03-publish-dollar-v5", and Mosquitto's PUBACK.
+#: Ledge answers the same but where the README's Differences table says otherwise.
+DOLLAR_V5 = "03-publish-dollar-v5"
+DOLLAR_CASES = [
+    # (topic, Mosquitto's reason code, Ledge's)
+    ("$SYS/broker/uptime", ReasonCode.NOT_AUTHORIZED, ReasonCode.NOT_AUTHORIZED),
+    ("$SYS/broker/connection/me", ReasonCode.NOT_AUTHORIZED, ReasonCode.NOT_AUTHORIZED),
+    # Mosquitto lets any client write any bridge's state (unless an ACL says no);
+    # Ledge only the state under the client's own id (the next case).
+    (
+        "$SYS/broker/connection/me/state",
+        ReasonCode.NO_MATCHING_SUBSCRIBERS,
+        ReasonCode.NOT_AUTHORIZED,
+    ),
+    (
+        f"$SYS/broker/connection/{DOLLAR_V5}/state",
+        ReasonCode.NO_MATCHING_SUBSCRIBERS,
+        ReasonCode.NO_MATCHING_SUBSCRIBERS,
+    ),
+    # "$share/" names shared subscriptions, never a topic (see test_publish_to_share_is_refused).
+    (
+        "$share/share/03/publish/dollar/v5/topic",
+        ReasonCode.NOT_AUTHORIZED,
+        ReasonCode.TOPIC_NAME_INVALID,
+    ),
+]
+
+
+def dollar_v5_answers(port: int) -> list[int]:
+    codes = []
+    for mid, (topic, _mosquitto, _ledge) in enumerate(DOLLAR_CASES, start=1):
+        c = client(port, DOLLAR_V5)
+        c.send(encode(Publish(topic, b"message", 1, packet_id=mid), MQTT_5))
+        ack = c.expect(1)[0]
+        assert isinstance(ack, PubAck) and ack.packet_id == mid, (topic, ack)
+        codes.append(ack.reason_code)
+        c.close()
+    return codes
+
+
+def test_mosquittos_03_publish_dollar_v5(gateway: LedgeProcess) -> None:
+    """PUBLISH to ``$`` topics: ``$SYS`` is the broker's but for the client's own bridge
+    state, ``$SYS/broker/connection/<client id>/state``, which a Mosquitto bridge
+    writes by default (test_mosquitto_bridge_in runs one)."""
+    assert dollar_v5_answers(gateway.port) == [ledge for _t, _m, ledge in DOLLAR_CASES]
+
+
+def test_03_publish_dollar_v5_on_mosquitto_answers_as_listed(mosquitto: MosquittoProcess) -> None:
+    """The Mosquitto column above, from Debian's Mosquitto itself."""
+    assert dollar_v5_answers(mosquitto.port) == [m for _t, m, _ledge in DOLLAR_CASES]
 
 
 @pytest.mark.parametrize("bad", ["#/x", "a/b#", "$share/g"])

@@ -27,6 +27,7 @@ from tests.support.micropython import (
     run_script,
 )
 from tests.support.procs import LedgeProcess, free_port
+from tests.support.wait import wait_for
 from tests.test_mqttsn_udp import free_udp_port
 
 pytestmark = pytest.mark.skipif(
@@ -142,6 +143,27 @@ def test_connect_publish_subscribe_over_udp(
     dev.wait_event("message")
     assert dev.messages() == [("cmd/pico-1/led", "on")]
     bridge.proc.wait_log(r"client 'pico-1' connected from 127\.0\.0\.1")
+    w.disconnect()
+
+
+def test_a_retained_message_after_the_suback_arrives_with_its_topic_name(
+    bridge: Bridge, devices: list[MicroPythonDevice]
+) -> None:
+    """The gateway sends the retained message right behind the SUBACK of a wildcard-free
+    subscription, on the topic id that SUBACK gave (no REGISTER): the client knows that
+    id when the message is handled, even when it is read before the subscribing task
+    runs again."""
+    w = bridge.watcher("nothing/here")
+    topics = ["cmd/keeper/led", "cmd/keeper/fan"]
+    for i, topic in enumerate(topics):
+        w.publish(topic, b"kept-%d" % i, qos=1, retain=True)
+    dev = udp_device(bridge, devices, "keeper")
+    dev.call("connect")
+    for topic in topics:
+        dev.call(f"subscribe {topic} 1")
+    wait_for(lambda: len(dev.messages()) == len(topics), 10, "the retained messages")
+    assert dev.messages() == [(topic, f"kept-{i}") for i, topic in enumerate(topics)]
+    assert all(e["retained"] for e in dev.events if e["event"] == "message")
     w.disconnect()
 
 

@@ -267,6 +267,7 @@ class Client:
         self._reply_event = asyncio.Event()
         self._expect = None
         self._reply = None
+        self._subscribing = None  # the name a SUBACK's topic id stands for
         self._last_tx = ticks_ms()
         self._reader = None
         self._recovering = False
@@ -313,6 +314,8 @@ class Client:
             ):
                 self._reply = (msg_type, body)
                 self._expect = None
+                if msg_type == SUBACK:
+                    self._learn_suback(body)
                 self._reply_event.set()
                 return
         if msg_type == PUBLISH:
@@ -333,6 +336,18 @@ class Client:
             # The gateway ended our connection (it restarted, or forgot us).
             self.connected = False
             print("mqttsn: gateway disconnected us")
+
+    def _learn_suback(self, body):
+        # 6.9: the retained messages follow the SUBACK at once, on the topic id it
+        # gives; they may be read before the subscribing task runs again, so the id is
+        # known from here on, before the next message is handled.
+        topic = self._subscribing
+        self._subscribing = None
+        if topic is None or len(body) < 6 or body[5] != ACCEPTED:
+            return
+        topic_id = body[1] << 8 | body[2]
+        if topic_id and (len(self.names) < self.max_topics or topic_id in self.names):
+            self.names[topic_id] = topic
 
     def _incoming(self, body):
         flags = body[0]
@@ -571,18 +586,20 @@ class Client:
             flags, field = SHORT, topic.encode()
         else:
             flags, field = NORMAL, topic.encode()
-        _, body = await self._request(
-            message(SUBSCRIBE, bytes((flags | _qos_bits(qos),)) + _u16(msg_id) + field),
-            (SUBACK,),
-            (3, msg_id),
-            dup_at=2,
-        )
+        # A wildcard-free name gets its topic id in the SUBACK (learnt by _dispatch).
+        self._subscribing = topic if flags == NORMAL else None
+        try:
+            _, body = await self._request(
+                message(SUBSCRIBE, bytes((flags | _qos_bits(qos),)) + _u16(msg_id) + field),
+                (SUBACK,),
+                (3, msg_id),
+                dup_at=2,
+            )
+        finally:
+            self._subscribing = None
         if body[5] != ACCEPTED:
             raise Refused("SUBSCRIBE " + topic, body[5])
-        topic_id = body[1] << 8 | body[2]
-        if flags == NORMAL and topic_id and len(self.names) < self.max_topics:
-            self.names[topic_id] = topic
-        return topic_id
+        return body[1] << 8 | body[2]
 
     async def unsubscribe(self, topic):
         async with self._lock:

@@ -15,6 +15,7 @@ from gateway.broker.closing import Refused, fail, schedule_keepalive
 from gateway.broker.context import Context
 from gateway.broker.delivery import pump, resend_inflight
 from gateway.broker.output import send
+from gateway.broker.publish_policy import sys_write_refused
 from gateway.broker.state import Connection, Session, State
 from gateway.mqtt.codec import encode
 from gateway.mqtt.errors import MQTTError
@@ -42,7 +43,7 @@ def accept(
     # -- the will must be publishable
     will = packet.will
     if will is not None:
-        problem = _will_problem(ctx, will)
+        problem = _will_problem(ctx, will, client_id)
         if problem is None and rules is not None and not rules.can_write(will.topic):
             problem = ReasonCode.NOT_AUTHORIZED, f"will on {will.topic!r} not authorized"
         if problem is not None:
@@ -144,7 +145,7 @@ def accept(
         "client %r connected from %s (MQTT %s, keep alive %d s, session %s)",
         client_id,
         conn.peer,
-        _VERSION_NAMES.get(version, str(version)),
+        _VERSION_NAMES.get(version, str(version)) + (" bridge" if conn.bridge else ""),
         keep_alive,
         "resumed" if session_present else "new",
     )
@@ -194,11 +195,12 @@ def _connack_properties(
     return Properties(**values) if values else EMPTY
 
 
-def _will_problem(ctx: Context, will: Will) -> tuple[int, str] | None:
-    """Why ``will`` can never be published, or None."""
+def _will_problem(ctx: Context, will: Will, client_id: str) -> tuple[int, str] | None:
+    """Why ``will`` of ``client_id`` can never be published, or None."""
     if will.retain and not ctx.settings.retain_available:
         return ReasonCode.RETAIN_NOT_SUPPORTED, "retained wills need retained messages"
-    if will.topic.startswith("$SYS"):
+    if sys_write_refused(will.topic, client_id):
+        # A bridge's will on its own $SYS/broker/connection/<client id>/state is allowed.
         return ReasonCode.NOT_AUTHORIZED, "a will may not be published under $SYS"
     if will.properties.payload_format_indicator == 1:
         try:

@@ -9,11 +9,13 @@ is single-threaded and this object has one owner.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gateway.broker.auth import Authenticator, ListenerPolicy, PasswordAuthenticator
+from gateway.broker.ratelog import RateLimitedLog
 from gateway.broker.retained import RetainedStore
 from gateway.broker.router import SubscriptionIndex
 from gateway.broker.settings import BrokerSettings
@@ -125,6 +127,11 @@ class Context:
         #: Checks every QoS 1/2 PUBLISH from a client must pass (``publish_policy``):
         #: each gets the topic and payload size and returns why not, or None.
         self.publish_gates: list[Callable[[str, int], str | None]] = []
+        #: Log lines of PUBLISHes refused for their topic (``$SYS``, ``$share/``), at
+        #: most one per source address per minute: a client repeating one costs no log.
+        self.publish_refusals = RateLimitedLog(
+            logging.getLogger("ledge.broker"), level=logging.INFO
+        )
 
     @property
     def logins(self) -> LoginThrottle:

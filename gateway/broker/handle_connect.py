@@ -25,6 +25,7 @@ def handle_connect(ctx: Context, conn: Connection, packet: Connect, now: float) 
     settings = ctx.settings
     version = packet.protocol_version
     conn.version = version
+    conn.bridge = packet.bridge
     conn.reader.version = version
     if conn.overflow:
         # Beyond the pool: told in the client's own version (v5 0x97, 3.1.1 3).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from gateway.broker.context import Context
 from gateway.broker.delivery import deliver
@@ -106,6 +107,11 @@ def _subscribe_one(
             raise ProtocolError("No Local on a shared subscription")
     else:
         share_name, topic_filter = None, raw
+        if conn.bridge:
+            # A bridge's 3.1.1 subscription cannot say so itself: as Mosquitto does, it
+            # gets No Local (its own messages do not come back, no loop) and Retain As
+            # Published (a retained message crosses as retained).
+            request = replace(request, no_local=True, retain_as_published=True)
     if not settings.wildcard_subscriptions and has_wildcard(topic_filter):
         return ReasonCode.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED, None, False
     denied = next((d for d in settings.deny_subscriptions if subsumes(d, topic_filter)), None)

@@ -4,7 +4,8 @@ A ``ProxyClient`` is a ``LocalClient`` that stands for one remote device rather 
 code inside the gateway, so the rules of an MQTT client apply to it: the ACL (as an
 anonymous client under its client id), ``broker.deny_subscriptions``, the limit of
 subscriptions per client, the refusal of QoS 1/2 messages the store or a bridge's
-outbox cannot take, ``$SYS`` being the broker's, its will, and the counters
+outbox cannot take, ``$SYS`` being the broker's (but for the client's own bridge state,
+``publish_policy.sys_write_refused``), its will, and the counters
 (``clients/connected``, ``publish/messages/received``, ``.../denied``). What it
 receives is handed to its sink, which owns the device's delivery (QoS flows, sleep
 buffers). This is the broker API the firmware bridge uses; it uses nothing else.
@@ -86,24 +87,31 @@ class ProxyClient(LocalClient):
     # ------------------------------------------------------------------ publishing
 
     def refusal(self, topic: str, qos: int, retain: bool, size: int) -> Refusal | None:
-        """Why a PUBLISH from this device cannot be accepted now, or None (counted in
-        ``publish/messages/denied`` either way)."""
-        broker = self.broker
-        if topic.startswith("$SYS"):
-            broker.stats.publish_denied += 1
+        """Why a PUBLISH from this device cannot be accepted now, or None.
+
+        A refused PUBLISH is counted as an MQTT client's is: in
+        ``publish/messages/received`` and ``publish/messages/denied`` (one that passes
+        is counted by ``publish_counted``)."""
+        why = self._refusal(topic, qos, retain, size)
+        if why is not None:
+            stats = self.broker.stats
+            stats.publish_received += 1
+            stats.publish_denied += 1
+        return why
+
+    def _refusal(self, topic: str, qos: int, retain: bool, size: int) -> Refusal | None:
+        # The checks of publish_policy.receive, step 5 on, in its order.
+        if publish_policy.sys_write_refused(topic, self.client_id):
             return Refusal("$SYS belongs to the broker", NOT_AUTHORIZED)
         if topic.startswith(SHARE_PREFIX):
             # "$share/" names shared subscriptions, never a topic (as for MQTT clients).
-            broker.stats.publish_denied += 1
             return Refusal("$share/ is not a topic", INVALID)
         rules = self.session.rules
         if rules is not None and not rules.can_write(topic):
-            broker.stats.publish_denied += 1
             return Refusal("not authorized by the ACL", NOT_AUTHORIZED)
         if qos > 0:
-            why = publish_policy.refusal(broker, topic, retain, size)
+            why = publish_policy.refusal(self.broker, topic, retain, size)
             if why is not None:
-                broker.stats.publish_denied += 1
                 return Refusal(why, NO_ROOM)
         return None
 
@@ -162,8 +170,10 @@ class ProxyClient(LocalClient):
 
     def publish_will(self, topic: str, payload: bytes, qos: int, retain: bool, now: float) -> None:
         """The device was lost: publish its will as the broker publishes any will
-        (the ACL is checked again; ``$SYS`` and ``$share/`` are refused)."""
-        if topic.startswith(("$SYS", SHARE_PREFIX)):
+        (the ACL is checked again; ``$SYS`` -- but for the device's own
+        ``$SYS/broker/connection/<client id>/state`` -- and ``$share/`` are refused)."""
+        refused = publish_policy.sys_write_refused(topic, self.client_id)
+        if refused or topic.startswith(SHARE_PREFIX):
             self.broker.stats.publish_denied += 1
             return
         broker = self.broker

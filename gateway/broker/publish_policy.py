@@ -11,8 +11,9 @@ differs. The order is what a client can observe, so it is fixed here once:
 3. the QoS 2 flow -- a re-sent QoS 2 PUBLISH is acknowledged again, never routed twice
    (MQTT-4.3.3-9); beyond our Receive Maximum is a violation (MQTT-3.3.4-9);
 4. payload -- a Payload Format Indicator of 1 on a payload that is not UTF-8 (0x99);
-5. authorization -- ``$SYS`` is read-only, ``$share/`` is no topic (0x90), then the
-   ACL (0x87): the most specific answer, so it comes before the gates;
+5. authorization -- ``$SYS`` is read-only but for the client's own bridge state
+   (``sys_write_refused``), ``$share/`` is no topic (0x90), then the ACL (0x87):
+   the most specific answer, so it comes before the gates;
 6. gates -- the store is full and the message would be stored, or a bridge's full
    outbox refuses (0x97; MQTT 3.1.1 has no refusal: the connection is closed);
 7. quota -- the retained store is full (0x97 on MQTT 5.0, else not retained);
@@ -107,17 +108,25 @@ def receive(
         log.info("refusing PUBLISH from %s on %r: %s", conn.label, topic, reason)
         code = ReasonCode.PAYLOAD_FORMAT_INVALID
     # -- 5. authorization
-    elif topic.startswith("$SYS"):
+    elif topic.startswith("$SYS") and sys_write_refused(topic, conn.client_id):
         # $SYS belongs to the broker; a client's write is refused (3.1.1: silently dropped).
         stats.publish_denied += 1
-        log.info("refusing PUBLISH from %s to %r: $SYS is read-only", conn.label, topic)
+        ctx.publish_refusals(
+            now, conn.source, "refusing PUBLISH from %s to %r: $SYS is read-only", conn.label, topic
+        )
         code = _NOT_AUTHORIZED
     elif topic.startswith(SHARE_PREFIX):
         # "$share/" names shared subscriptions, never a topic: the name is refused like
         # one the server does not accept (0x90 on MQTT 5.0; 3.1.1: acknowledged and
         # dropped), counted as denied. MQTT 5.0 4.7.2: $-topics are the server's.
         stats.publish_denied += 1
-        log.info("refusing PUBLISH from %s to %r: $share/ is not a topic", conn.label, topic)
+        ctx.publish_refusals(
+            now,
+            conn.source,
+            "refusing PUBLISH from %s to %r: $share/ is not a topic",
+            conn.label,
+            topic,
+        )
         code = ReasonCode.TOPIC_NAME_INVALID
     elif conn.rules is not None and not conn.rules.can_write(topic):
         # Not authorized by the ACL: MQTT 5.0 acknowledges with 0x87, MQTT 3.1.1 has no
@@ -173,6 +182,24 @@ def receive(
     if journal is not None and len(journal.ops) != mark:
         journal.hold(conn)  # acknowledged means stored
     write(ctx, conn, encode_ack(_PUBACK if qos == 1 else _PUBREC, packet_id, code, version))
+
+
+def sys_write_refused(topic: str, client_id: str) -> bool:
+    """May a client not write ``topic`` (PUBLISH it, or set a will on it)?
+
+    ``$SYS`` is the broker's, with one exception: ``$SYS/broker/connection/<client
+    id>/state``, where a bridge (Mosquitto's ``notifications``, on by default) says it
+    is connected (``1``) and sets its will (``0``) -- only under its own client id, a
+    single level as in Mosquitto's ``$SYS/broker/connection/+/state``. The ACL still
+    applies to that topic. Every other topic starting ``$SYS`` is refused.
+    """
+    if not topic.startswith("$SYS"):
+        return False
+    return topic != f"$SYS/broker/connection/{client_id}/state" or not _one_level(client_id)
+
+
+def _one_level(name: str) -> bool:
+    return bool(name) and not any(c in name for c in "/+#")
 
 
 def refusal(ctx: Context, topic: str, retain: bool, size: int) -> str | None:

@@ -58,6 +58,7 @@ class Connection:
         "abort",
         "aliases_in",
         "aliases_out",
+        "bridge",
         "client_id",
         "close_reason",
         "dropped",
@@ -139,6 +140,8 @@ class Connection:
         self.handle: Any = None
         self.reader.reset()
         self.version = 0
+        #: A bridge (CONNECT's protocol level with the top bit, Mosquitto's try_private).
+        self.bridge = False
         self.state = State.NEW
         self.session: Session | None = None
         self.client_id = ""

@@ -65,6 +65,10 @@ from gateway.mqtt.wire import (
 )
 
 SUPPORTED_VERSIONS: Final = (MQTT_311, MQTT_5)
+#: A protocol level with the top bit set: a bridge (Mosquitto's try_private), for the
+#: levels that have no subscription options of their own.
+_BRIDGE_BIT: Final = 0x80
+_BRIDGE_LEVELS: Final = frozenset({_BRIDGE_BIT | MQTT_31, _BRIDGE_BIT | MQTT_311})
 
 # Reason codes each packet may carry (MQTT 5.0 sections 3.4.2.1 ... 3.15.2.1).
 _PUB_RESPONSE_CODES: Final = frozenset({0x00, 0x10, 0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99})
@@ -172,6 +176,9 @@ def _decode_connect(body: Buffer, version: int) -> Connect:
         raise MalformedPacket("CONNECT ends before the protocol level")
     level = body[pos]
     pos += 1
+    bridge = level in _BRIDGE_LEVELS
+    if bridge:
+        level &= ~_BRIDGE_BIT
     if name == "MQIsdp":
         # MQTT 3.1: protocol name MQIsdp, level 3 (MQTT 3.1 section 3.1).
         if level != MQTT_31:
@@ -181,13 +188,13 @@ def _decode_connect(body: Buffer, version: int) -> Connect:
     elif level not in SUPPORTED_VERSIONS:
         raise UnsupportedProtocolVersion(f"protocol level {level} is not supported", level)
     try:
-        return _decode_connect_rest(body, pos, end, level)
+        return _decode_connect_rest(body, pos, end, level, bridge)
     except MQTTError as exc:
         exc.protocol_version = level
         raise
 
 
-def _decode_connect_rest(body: Buffer, pos: int, end: int, level: int) -> Connect:
+def _decode_connect_rest(body: Buffer, pos: int, end: int, level: int, bridge: bool) -> Connect:
     if pos + 3 > end:
         raise MalformedPacket("CONNECT ends inside its variable header")
     flags = body[pos]
@@ -240,6 +247,7 @@ def _decode_connect_rest(body: Buffer, pos: int, end: int, level: int) -> Connec
         password=password,
         properties=props,
         protocol_name="MQIsdp" if level == MQTT_31 else "MQTT",
+        bridge=bridge,
     )
 
 
@@ -506,7 +514,7 @@ def _encode_connect(p: Connect, version: int) -> bytes:
     if p.username is not None:
         flags |= 0x80
     body = bytearray(encode_string(p.protocol_name))
-    body.append(level)
+    body.append(level | _BRIDGE_BIT if p.bridge else level)
     body.append(flags)
     body += p.keep_alive.to_bytes(2, "big")
     body += _props(p.properties, level)

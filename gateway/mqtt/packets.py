@@ -53,6 +53,9 @@ class Connect:
     password: bytes | None = field(default=None, repr=False)  # never in a log line
     properties: Properties = EMPTY
     protocol_name: str = "MQTT"
+    #: The protocol level's top bit (0x83, 0x84): a Mosquitto bridge's "try_private",
+    #: asking to be served as a bridge (MQTT 3.1 and 3.1.1 only).
+    bridge: bool = False
 
 
 @dataclass(frozen=True, slots=True)
