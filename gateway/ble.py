@@ -424,7 +424,7 @@ class BleSensors:
     def _problems(self, device: Device, outcome: Outcome, adv: AdvertisementData) -> None:
         for problem in outcome.problems:
             device.count(problem.reason)
-            if problem.reason in ("decrypt_retry", "counter_reset"):
+            if problem.reason == "decrypt_retry":
                 log.info("%s: %s", device.name, problem)
                 continue
             device.budget.warn(

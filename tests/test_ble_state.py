@@ -51,17 +51,71 @@ def sealed(counter: int, centi: int, key: bytes = KEY) -> bytes:
     return bthome.encrypt(temp(counter & 0xFF, centi), mac_bytes(ADDRESS), counter, key)
 
 
-def test_replayed_counter_is_refused_and_a_restart_is_accepted_after_confirmation() -> None:
-    dec = DeviceDecoder(Context(ADDRESS, cipher=Cipher(KEY)), FORMATS["bthome"])
+def keyed() -> DeviceDecoder:
+    return DeviceDecoder(Context(ADDRESS, cipher=Cipher(KEY)), FORMATS["bthome"])
+
+
+def test_an_encrypted_advert_is_accepted_only_with_a_counter_above_the_last() -> None:
+    dec = keyed()
     assert feed(dec, sealed(100, 1000), 0)[:2] == ([10.0], [])
     assert feed(dec, sealed(101, 1010), 10)[:2] == ([10.1], [])
-    assert feed(dec, sealed(99, 990), 20)[:2] == ([], ["replay"])
-    # the device restarted its counter: three authenticated, growing counters below
-    assert feed(dec, sealed(1, 1), 30)[:2] == ([], ["replay"])
-    assert feed(dec, sealed(2, 2), 40)[:2] == ([], ["replay"])
-    assert feed(dec, sealed(3, 3), 50)[:2] == ([0.03], ["counter_reset"])
-    assert feed(dec, sealed(4, 4), 60)[:2] == ([0.04], [])
-    assert dec.counter == 4
+    assert dec.counter == 101
+
+
+def test_an_equal_counter_is_a_replay() -> None:
+    """The same counter with other bytes (the packet id changed, so it is no repeat of
+    the same bytes): refused, and the counter stays."""
+    dec = keyed()
+    assert feed(dec, sealed(100, 1000), 0)[:2] == ([10.0], [])
+    equal = bthome.encrypt(temp(7, 1111), mac_bytes(ADDRESS), 100, KEY)
+    assert feed(dec, equal, 10)[:2] == ([], ["replay"])
+    assert dec.counter == 100
+
+
+def test_a_smaller_counter_is_a_replay() -> None:
+    dec = keyed()
+    assert feed(dec, sealed(100, 1000), 0)[:2] == ([10.0], [])
+    assert feed(dec, sealed(99, 990), 10)[:2] == ([], ["replay"])
+    assert feed(dec, sealed(0, 0), 20)[:2] == ([], ["replay"])
+    assert dec.counter == 100
+
+
+def test_recorded_consecutive_adverts_never_roll_the_counter_back() -> None:
+    """Three authenticated adverts with growing counters below the last (recorded from
+    the device, or sent by the device after it restarted its counter) are refused, as is
+    any longer run; only the explicit reset lets lower counters in again."""
+    dec = keyed()
+    recorded = [sealed(c, c * 10) for c in (1, 2, 3)]
+    assert [feed(dec, data, n)[:2] for n, data in enumerate(recorded)] == [
+        ([0.1], []),
+        ([0.2], []),
+        ([0.3], []),
+    ]
+    assert feed(dec, sealed(500, 5000), 10)[:2] == ([50.0], [])
+    for n, data in enumerate(recorded * 3):  # played back in order, three times over
+        assert feed(dec, data, 20 + n)[:2] == ([], ["replay"])
+    assert dec.counter == 500
+    assert dec.reset_counter() == 500
+    assert dec.counter is None
+    assert feed(dec, recorded[0], 40)[:2] == ([0.1], [])  # after the reset: believed
+    assert feed(dec, recorded[1], 41)[:2] == ([0.2], [])
+    assert feed(dec, recorded[0], 42)[:2] == ([], ["replay"])  # and guarded again
+    assert dec.counter == 2
+
+
+def test_only_a_fresh_authenticated_element_marks_the_advert_authenticated() -> None:
+    dec = keyed()
+    out = dec.feed({bthome.UUID: sealed(5, 50)}, {}, "", 0)
+    assert out is not None and out.authenticated
+    out = dec.feed({bthome.UUID: sealed(5, 50)}, {}, "", 1)  # BlueZ re-reports it
+    assert out is not None and out.repeats == 1 and not out.authenticated
+    out = dec.feed({bthome.UUID: sealed(4, 40)}, {}, "", 2)
+    assert out is not None and not out.authenticated  # replayed
+    out = dec.feed({bthome.UUID: sealed(6, 60, bytes(16))}, {}, "", 3)
+    assert out is not None and not out.authenticated  # another key
+    out = dec.feed({bthome.UUID: temp(9, 90)}, {}, "", 4)
+    assert out is not None and not out.authenticated  # plain, from a device with a key
+    assert [p.reason for p in out.problems] == ["not_encrypted"]
 
 
 def test_one_decryption_failure_is_tolerated_then_reported() -> None:
