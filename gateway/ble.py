@@ -327,16 +327,8 @@ class BleSensors:
                     self._heard(at)
                 return
         stats = device.stats
-        stats.adverts += 1
-        device.rssi = adv.rssi
-        if device.gatt is not None:
-            device.gatt.ble_device = ble_device
-        self._heard(at)
-        if device.presence.heard(at):
-            self._arrived(device, readings, stamp)
         decoder = device.decoder
-        samples: list[Sample] = []
-        events: frozenset[str] = frozenset()
+        outcome: Outcome | None = None
         if decoder is not None:
             outcome = decoder.feed(
                 adv.service_data, adv.manufacturer_data, adv.local_name or "", at
@@ -345,8 +337,23 @@ class BleSensors:
                 stats.repeats += outcome.repeats
                 if outcome.problems:
                     self._problems(device, outcome, adv)
-                samples = outcome.samples
-                events = outcome.events
+        self._heard(at)  # the scanner works, whoever sent this
+        if decoder is not None and decoder.keyed and (outcome is None or not outcome.authenticated):
+            # A device with a bindkey is heard only through adverts it authenticated:
+            # anyone can send its address (and replay its adverts), so nothing else
+            # changes its state -- not heard, no RSSI, no presence, no status.
+            return
+        stats.adverts += 1
+        device.rssi = adv.rssi
+        if device.gatt is not None:
+            device.gatt.ble_device = ble_device
+        if device.presence.heard(at):
+            self._arrived(device, readings, stamp)
+        samples: list[Sample] = []
+        events: frozenset[str] = frozenset()
+        if outcome is not None:
+            samples = outcome.samples
+            events = outcome.events
         if device.settings.rssi:
             samples.append(Sample("rssi", adv.rssi, "dBm"))
         if samples:

@@ -332,6 +332,76 @@ def test_encrypted_bthome_right_key_wrong_key_and_replay(
     assert gw.values("wrongkey", "temperature") == []
 
 
+def test_adverts_that_fail_authentication_change_nothing_about_the_device(
+    bluez: FakeBlueZ, gateways: list[Gateway], tmp_path: Path
+) -> None:
+    """Someone copies an encrypted device's address: adverts under another key, plain
+    ones, replayed and repeated ones are counted by reason and change no state -- the
+    device is not online, has no RSSI, is not home. Only its own adverts do."""
+    address = "A4:C1:38:00:00:0B"
+    gw = start(
+        gateways,
+        tmp_path,
+        f'[[ble]]\nname = "door"\naddress = "{address}"\nbindkey = "{KEY}"\n'
+        "presence = true\naway_after = 1.5\nmin_interval = 0\n",
+        sys_interval=0.3,
+    )
+    key, mac = bytes.fromhex(KEY), mac_bytes(address)
+
+    def sealed(counter: int, centi: int, with_key: bytes = key) -> bytes:
+        return bthome.encrypt(bthome_temp(counter, centi), mac, counter, with_key)
+
+    def errors(reason: str) -> int:
+        return int(gw.sys(f"door/errors/{reason}") or 0)
+
+    forged = bytes(16)
+    path = bluez.add_device(address, svc={BTHOME: sealed(1, 100, forged)})
+    bluez.advertise(path, svc={BTHOME: sealed(2, 200, forged)})
+    bluez.advertise(path, svc={BTHOME: sealed(2, 200, forged)}, rssi=-30)  # a repeat
+    bluez.advertise(path, svc={BTHOME: bthome_temp(3, 300)})  # plain
+    wait_for(
+        lambda: (errors("decrypt_retry"), errors("wrong_key"), errors("not_encrypted"))
+        == (1, 1, 1),
+        5,
+        "the refusals counted by reason",
+    )
+    wait_for(lambda: gw.sys("door/repeats") == b"1", 5, "the repeat counted")
+
+    def untouched() -> None:
+        assert gw.payloads("ledge/gw1/ble/door/status") == [b"offline"]
+        assert gw.values("door", "rssi") == [] and gw.values("door", "presence") == []
+        assert gw.values("door", "temperature") == []
+        assert gw.sys("door/present") == b"0" and gw.sys("door/adverts") == b"0"
+        assert gw.sys("door/rssi") is None
+
+    untouched()
+    # the device itself: online, home, its values and RSSI
+    recorded = sealed(9, 900)  # sent earlier, recorded by someone, never heard here
+    bluez.advertise(path, svc={BTHOME: sealed(10, 1000)}, rssi=-55)
+    gw.wait_value("door", "temperature", 10.0)
+    gw.wait_value("door", "rssi", -55)
+    gw.wait_value("door", "presence", "home")
+    assert gw.payloads("ledge/gw1/ble/door/status")[-1] == b"online"
+    wait_for(lambda: gw.values("door", "presence") == ["home", "away"], 5, "away after 1.5 s")
+    assert gw.payloads("ledge/gw1/ble/door/status")[-1] == b"offline"
+    # its last advert played back (the same bytes: a repeat), and an older recorded one
+    bluez.advertise(path, svc={BTHOME: sealed(10, 1000)}, rssi=-40)
+    wait_for(lambda: gw.sys("door/repeats") == b"2", 5, "the copy counted as a repeat")
+    bluez.advertise(path, svc={BTHOME: recorded}, rssi=-40)
+    # $SYS values go out in order (rssi before errors): once the replay is counted,
+    # what it changed (or, here, did not) has arrived
+    wait_for(lambda: errors("replay") == 1, 5, "the replay counted")
+    assert gw.sys("door/present") == b"0"
+    assert gw.values("door", "presence") == ["home", "away"]
+    assert gw.payloads("ledge/gw1/ble/door/status")[-1] == b"offline"
+    assert gw.values("door", "rssi") == [-55] and gw.sys("door/rssi") == b"-55"
+    assert gw.values("door", "temperature") == [10.0] and gw.sys("door/adverts") == b"1"
+    bluez.advertise(path, svc={BTHOME: sealed(11, 1100)}, rssi=-50)
+    gw.wait_value("door", "presence", "home")
+    gw.wait_value("door", "temperature", 11.0)
+    assert gw.payloads("ledge/gw1/ble/door/status")[-1] == b"online"
+
+
 # ---------------------------------------------------------------- metrics
 
 HTTP = "[http]\nenabled = true\nport = 0\n"
@@ -375,7 +445,9 @@ def test_metrics_count_ble_readings_errors_by_reason_and_unknown_devices(
     assert m['ledge_sensor_readings_total{driver="ble"}'] >= 2
     assert m['ledge_ble_errors_total{reason="wrong_key"}'] == 1
     assert m['ledge_ble_errors_total{reason="decrypt_retry"}'] == 1
-    assert m['ledge_sensor_devices{driver="ble",state="present"}'] == 2
+    # the device with the wrong key was never heard: its adverts did not authenticate
+    assert m['ledge_sensor_devices{driver="ble",state="present"}'] == 1
+    assert m['ledge_sensor_devices{driver="ble",state="away"}'] == 1
     assert m['ledge_ble_adapter_state{adapter="hci0",state="scanning"}'] == 1
     assert m['ledge_ble_adapter_state{adapter="hci0",state="failed"}'] == 0
     assert not any("wrongkey" in series or plain in series for series in m)  # no device labels
