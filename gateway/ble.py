@@ -18,11 +18,13 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Final, Protocol
 
 from bleak.backends.device import BLEDevice
 from bleak.backends.scanner import AdvertisementData
 
+from drivers.ble import counters
 from drivers.ble.gatt import Characteristic, GattDevice
 from drivers.ble.policy import Presence, Publisher
 from drivers.ble.scanner import SCAN_ERRORS, Scanner
@@ -36,7 +38,7 @@ from drivers.parsers.ble.base import AdvertError, Context
 from drivers.parsers.ble.bthome import UUID as BTHOME_UUID
 from drivers.parsers.ble.ccm import Cipher, parse_key
 from drivers.parsers.ble.gatt import parse_value
-from gateway.ble_settings import BEACON_FORMATS, GATT_PRESETS, BleDeviceSettings
+from gateway.ble_settings import BEACON_FORMATS, GATT_PRESETS, RESET_COUNTER, BleDeviceSettings
 from gateway.broker.local import LocalClient
 from gateway.runtime import BluetoothSettings, SensorSettings
 
@@ -130,8 +132,14 @@ class Device:
         )
         self.mapping = DeviceMap(settings.name, "ble", settings.fields, settings.only_mapped)
         self.decoder: DeviceDecoder | None = None
+        #: What ``ble-counters.json`` keeps of the bindkey ("": none).
+        self.key_fingerprint = ""
         if fmt_name not in ("gatt", *GATT_PRESETS):
-            cipher = Cipher(parse_key(settings.bindkey)) if settings.bindkey else None
+            cipher = None
+            if settings.bindkey:
+                key = parse_key(settings.bindkey)
+                cipher = Cipher(key)
+                self.key_fingerprint = counters.fingerprint(key)
             address = settings.address or "00:00:00:00:00:00"
             self.decoder = DeviceDecoder(Context(address, cipher=cipher), format_named(fmt_name))
         self.gatt: GattDevice | None = None
@@ -185,6 +193,13 @@ class BleSensors:
         self._published_state = ""
         self._loop: asyncio.AbstractEventLoop | None = None
         self.adapter_budget = LogBudget(f"ble {settings.adapter}")
+        data_dir = hub.settings.data_dir
+        #: Where the encryption counters survive a restart (None: they do not).
+        self.counters_path = Path(data_dir) / counters.FILE_NAME if data_dir else None
+        self._counters_dirty = False
+        self._counters_saved_at = float("-inf")
+        self._saving: asyncio.Task[None] | None = None
+        self._load_counters()
 
     def _format_names(self) -> list[str]:
         names: set[str] = {d.settings.format for d in self.devices.values()}
@@ -224,6 +239,11 @@ class BleSensors:
         for device in self.devices.values():
             device.presence.start()
             hub.publish_status("ble", device.name, False)
+            if device.key_fingerprint:
+                # Not the retained message: a reset is an act, not a state to replay.
+                hub.client.subscribe(
+                    f"{hub._base('ble', device.name)}/{RESET_COUNTER}", 1, now, retained=False
+                )
             gatt = device.gatt
             if gatt is not None:
                 if device.settings.command_uuid:
@@ -265,6 +285,10 @@ class BleSensors:
         except TimeoutError:
             log.warning("ble %s: the scanner did not stop within 5 s", self.settings.adapter)
         self.scanner.close()
+        if self._saving is not None:
+            await asyncio.gather(self._saving, return_exceptions=True)
+        if self._counters_dirty:
+            self._save_counters_now()
         for name in self.devices:
             self.hub.publish_status("ble", name, False)
 
@@ -343,6 +367,8 @@ class BleSensors:
             # anyone can send its address (and replay its adverts), so nothing else
             # changes its state -- not heard, no RSSI, no presence, no status.
             return
+        if outcome is not None and outcome.authenticated:
+            self._counters_dirty = True
         stats.adverts += 1
         device.rssi = adv.rssi
         if device.gatt is not None:
@@ -465,6 +491,100 @@ class BleSensors:
         if device.reports_presence:
             self._publish(device, [Sample("presence", "home", "")], stamp, readings)
 
+    # ------------------------------------------------------------------ encryption counters
+
+    def _keyed(self) -> dict[str, Device]:
+        """Devices with a bindkey, by address: those whose counters are kept."""
+        return {
+            d.settings.address.upper(): d
+            for d in self.devices.values()
+            if d.key_fingerprint and d.decoder is not None and d.settings.address
+        }
+
+    def _load_counters(self) -> None:
+        keyed = self._keyed()
+        if not keyed:
+            return
+        path = self.counters_path
+        if path is None:
+            log.warning(
+                "ble: no data_dir: the encryption counters of %d device(s) live in memory "
+                "only; after a restart the first authenticated advert of each is believed, "
+                "a recorded one too",
+                len(keyed),
+            )
+            return
+        try:
+            stored = counters.load(path)
+        except (OSError, counters.CounterFileError) as exc:
+            log.error("ble: %s: %s; the encryption counters start afresh", path, exc)
+            self._counters_dirty = True  # replaced with a good file at the first save
+            return
+        restored = 0
+        for address, device in keyed.items():
+            entry = stored.get(address)
+            if entry is None or device.decoder is None:
+                continue
+            fingerprint, counter = entry
+            if fingerprint != device.key_fingerprint:
+                log.warning(
+                    "ble: %s (%s): the bindkey changed: its encryption counter starts afresh",
+                    device.name,
+                    address,
+                )
+                self._counters_dirty = True
+                continue
+            device.decoder.counter = counter
+            restored += 1
+        if len(stored) != restored:
+            self._counters_dirty = True  # devices no longer configured are dropped
+        log.info("ble: encryption counters of %d device(s) read from %s", restored, path)
+
+    def _counter_snapshot(self) -> counters.Counters:
+        return {
+            address: (device.key_fingerprint, device.decoder.counter)
+            for address, device in self._keyed().items()
+            if device.decoder is not None and device.decoder.counter is not None
+        }
+
+    def _save_counters_due(self, now: float) -> None:
+        """Write the counters (in a thread: the disk may be slow) when they changed and
+        ``counter_save_interval`` has passed since the last write; one write at a time."""
+        if not self._counters_dirty or self.counters_path is None:
+            return
+        if self._saving is not None and not self._saving.done():
+            return
+        if now - self._counters_saved_at < self.settings.counter_save_interval:
+            return
+        assert self._loop is not None
+        self._counters_saved_at = now
+        self._counters_dirty = False
+        self._saving = self._loop.create_task(
+            self._save_counters(self.counters_path, self._counter_snapshot()),
+            name="ble counters",
+        )
+
+    async def _save_counters(self, path: Path, snapshot: counters.Counters) -> None:
+        try:
+            await asyncio.to_thread(counters.save, path, snapshot)
+        except OSError as exc:
+            self._counter_save_failed(path, exc)
+
+    def _save_counters_now(self) -> None:
+        """At shutdown: the last write, in the loop (nothing else is left to do)."""
+        if self.counters_path is None:
+            return
+        self._counters_dirty = False
+        try:
+            counters.save(self.counters_path, self._counter_snapshot())
+        except OSError as exc:
+            self._counter_save_failed(self.counters_path, exc)
+
+    def _counter_save_failed(self, path: Path, exc: OSError) -> None:
+        self._counters_dirty = True  # tried again at the next interval
+        self.counts["counter save errors"] = self.counts.get("counter save errors", 0) + 1
+        self.adapter_budget.warn("ble: encryption counters not written to %s: %s", path, exc)
+
     # ------------------------------------------------------------------ timer
 
     def _tick(self) -> None:
@@ -485,6 +605,7 @@ class BleSensors:
                 self._publish(device, due, stamp, readings)
         if readings:
             self.hub.publish_readings(readings)
+        self._save_counters_due(now)
         action = self.watchdog.tick(now)
         if action is not None:
             self._act(action)
@@ -641,8 +762,12 @@ class BleSensors:
         )
 
     def command(self, name: str, topic: str, payload: bytes) -> bool:
-        """A message on ``.../ble/<name>/command``; False when no such device."""
+        """A message on ``.../ble/<name>/command`` (or ``.../reset-counter``); False
+        when no such device."""
         device = self.devices.get(name)
+        if device is not None and topic.rsplit("/", 1)[-1] == RESET_COUNTER:
+            self._reset_counter(device, topic)
+            return True
         if device is None or device.gatt is None or not device.settings.command_uuid:
             return False
         assert self._loop is not None
@@ -651,6 +776,33 @@ class BleSensors:
         )
         self._tasks = [t for t in self._tasks if not t.done()]
         return True
+
+    def _reset_counter(self, device: Device, topic: str) -> None:
+        """The explicit reset: forget the device's last accepted encryption counter, so
+        that its next authenticated advert (whatever its counter) is believed. Who may
+        publish here may also publish the device's readings: the same ACL guards both."""
+        result: dict[str, object]
+        decoder = device.decoder
+        if decoder is None or not decoder.keyed:
+            result = {"ok": False, "error": f"{device.name} has no bindkey: no counter to reset"}
+        else:
+            previous = decoder.reset_counter()
+            log.warning(
+                "ble: %s (%s): encryption counter reset on request (it was %s); the next "
+                "authenticated advert sets it",
+                device.name,
+                device.settings.address,
+                previous,
+            )
+            self._counters_dirty = True
+            self._counters_saved_at = float("-inf")  # written at the next tick
+            result = {"ok": True, "address": device.settings.address, "previous": previous}
+        self.hub.client.publish(
+            f"{topic}/result",
+            json.dumps(result, separators=(",", ":")).encode(),
+            self.clock(),
+            qos=1,
+        )
 
     async def _write(self, device: Device, topic: str, payload: bytes) -> None:
         assert device.gatt is not None

@@ -37,12 +37,17 @@ class Gateway:
     """``ledge run`` with a BLE config, and a paho client subscribed to its topics."""
 
     def __init__(
-        self, tmp_path: Path, config: str, sys_interval: float = 0, listeners: int = 1
+        self,
+        tmp_path: Path,
+        config: str,
+        sys_interval: float = 0,
+        listeners: int = 1,
+        args: tuple[str, ...] = (),
     ) -> None:
-        path = tmp_path / "ledge.toml"
+        path = self.path = tmp_path / "ledge.toml"
         extra = f"[broker]\nsys_interval = {sys_interval}\n" if sys_interval else ""
         path.write_text(f'[gateway]\nid = "gw1"\nhealth_interval = 0\n{extra}{config}')
-        self.proc = LedgeProcess(config=path).start(listeners=listeners)
+        self.proc = LedgeProcess(*args, config=path).start(listeners=listeners)
         self.sub = Paho(self.proc.port, "watch").connect()
         self.sub.subscribe("ledge/gw1/#", 0)
         if sys_interval:
@@ -91,7 +96,13 @@ class Gateway:
 
     def stop(self) -> None:
         self.sub.disconnect()
-        assert self.proc.stop() == 0, self.proc.log
+        if self.proc.proc is not None and self.proc.proc.returncode is None:
+            assert self.proc.stop() == 0, self.proc.log
+
+    def kill(self) -> None:
+        """SIGKILL (a power cut, as far as the gateway can tell)."""
+        self.sub.disconnect()
+        self.proc.kill()
 
 
 @pytest.fixture
@@ -360,8 +371,9 @@ def test_adverts_that_fail_authentication_change_nothing_about_the_device(
     bluez.advertise(path, svc={BTHOME: sealed(2, 200, forged)}, rssi=-30)  # a repeat
     bluez.advertise(path, svc={BTHOME: bthome_temp(3, 300)})  # plain
     wait_for(
-        lambda: (errors("decrypt_retry"), errors("wrong_key"), errors("not_encrypted"))
-        == (1, 1, 1),
+        lambda: (
+            (errors("decrypt_retry"), errors("wrong_key"), errors("not_encrypted")) == (1, 1, 1)
+        ),
         5,
         "the refusals counted by reason",
     )
@@ -400,6 +412,99 @@ def test_adverts_that_fail_authentication_change_nothing_about_the_device(
     gw.wait_value("door", "presence", "home")
     gw.wait_value("door", "temperature", 11.0)
     assert gw.payloads("ledge/gw1/ble/door/status")[-1] == b"online"
+
+
+def ledge_ble(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", "ble", *args],
+        capture_output=True, text=True, timeout=30, cwd=REPO, env=dict(os.environ), check=False,
+    )  # fmt: skip
+
+
+def test_the_last_counter_survives_restarts_and_only_the_explicit_reset_lowers_it(
+    bluez: FakeBlueZ, gateways: list[Gateway], tmp_path: Path
+) -> None:
+    """The counter is in data_dir: after a clean stop (written at shutdown) and after a
+    kill -9 (written within a second with counter_save_interval = 0), recorded adverts
+    are still replays. The device restarted its counter: refused until
+    ``ledge ble reset-counter``, then its new counters are believed."""
+    address = "A4:C1:38:00:00:0C"
+    key, mac = bytes.fromhex(KEY), mac_bytes(address)
+    data = tmp_path / "data"
+    counters_file = data / "ble-counters.json"
+    device = f'[[ble]]\nname = "door"\naddress = "{address}"\nbindkey = "{KEY}"\nmin_interval = 0\n'
+
+    def sealed(counter: int, centi: int, with_key: bytes = key) -> bytes:
+        return bthome.encrypt(bthome_temp(counter, centi), mac, counter, with_key)
+
+    def run(save_interval: int, sub: str) -> Gateway:
+        (tmp_path / sub).mkdir()
+        return start(
+            gateways,
+            tmp_path / sub,
+            f"[bluetooth]\ncounter_save_interval = {save_interval}\n{device}",
+            sys_interval=0.3,
+            args=("--data-dir", str(data)),
+        )
+
+    def saved() -> int | None:
+        if not counters_file.exists():
+            return None
+        entry = json.loads(counters_file.read_text())["devices"].get(address)
+        return None if entry is None else int(entry["counter"])
+
+    recorded = [sealed(c, c * 100) for c in (50, 51, 52)]  # heard by someone, not here
+    # 1. a clean stop writes the counter (the interval alone would not, for an hour)
+    gw = run(3600, "one")
+    path = bluez.add_device(address, svc={BTHOME: sealed(100, 1000)})
+    gw.wait_value("door", "temperature", 10.0)
+    assert saved() is None
+    gw.stop()
+    assert saved() == 100
+    # 2. after the restart, recorded adverts are replays; a new counter is written at once
+    gw = run(0, "two")
+    gw.proc.wait_log(r"encryption counters of 1 device\(s\) read from .*ble-counters.json")
+    for n, advert in enumerate(recorded, start=1):
+        bluez.advertise(path, svc={BTHOME: advert})
+        wait_for(lambda n=n: gw.sys("door/errors/replay") == str(n).encode(), 5, f"replay {n}")
+    assert gw.values("door", "temperature") == []
+    bluez.advertise(path, svc={BTHOME: sealed(101, 1010)})
+    gw.wait_value("door", "temperature", 10.1)
+    wait_for(lambda: saved() == 101, 5, "counter 101 written")
+    gw.kill()
+    # 3. after a kill -9: still guarded (also the exact bytes of the last accepted advert)
+    gw = run(0, "three")
+    bluez.advertise(path, svc={BTHOME: sealed(101, 1010)})
+    bluez.advertise(path, svc={BTHOME: recorded[0]})
+    wait_for(lambda: gw.sys("door/errors/replay") == b"2", 5, "both refused")
+    # 4. the device restarted its counter: refused until the explicit reset
+    bluez.advertise(path, svc={BTHOME: sealed(1, 111)})
+    wait_for(lambda: gw.sys("door/errors/replay") == b"3", 5, "the restarted device refused")
+    assert gw.values("door", "temperature") == []
+    out = ledge_ble(
+        "reset-counter", address, "-c", str(gw.path), "--broker", f"127.0.0.1:{gw.proc.port}"
+    )
+    assert out.returncode == 0, out.stderr
+    assert "door (A4:C1:38:00:00:0C): encryption counter reset (it was 101)" in out.stdout
+    gw.proc.wait_log(r"WARNING .*door \(A4:C1:38:00:00:0C\): encryption counter reset on request")
+    wait_for(lambda: saved() is None, 5, "the reset written")
+    bluez.advertise(path, svc={BTHOME: sealed(2, 222)})
+    gw.wait_value("door", "temperature", 2.22)
+    wait_for(lambda: saved() == 2, 5, "the new counter written")
+    bluez.advertise(path, svc={BTHOME: sealed(1, 111)})
+    wait_for(lambda: gw.sys("door/errors/replay") == b"4", 5, "guarded again after the reset")
+    assert gw.values("door", "temperature") == [2.22]
+    # a device the config does not have: the command says so, nothing is sent
+    out = ledge_ble("reset-counter", "nosuch", "-c", str(gw.path))
+    assert out.returncode == 2 and "no [[ble]] device with address or name 'nosuch'" in out.stderr
+    gw.stop()
+    # 5. a new bindkey is a new device for replay: its counter starts afresh
+    other = "00112233445566778899aabbccddeeff"
+    device = device.replace(KEY, other)
+    gw = run(0, "four")
+    gw.proc.wait_log(r"door \(A4:C1:38:00:00:0C\): the bindkey changed")
+    bluez.advertise(path, svc={BTHOME: sealed(1, 333, bytes.fromhex(other))})
+    gw.wait_value("door", "temperature", 3.33)
 
 
 # ---------------------------------------------------------------- metrics

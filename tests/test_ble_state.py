@@ -4,7 +4,11 @@ watchdog, driven with a fake clock."""
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
+import pytest
+
+from drivers.ble import counters
 from drivers.ble.policy import Presence, Publisher
 from drivers.ble.tracker import PACKET_WINDOW, DeviceDecoder
 from drivers.ble.watchdog import Action, State, Watchdog
@@ -200,3 +204,29 @@ def test_watchdog_bluez_gone_and_back() -> None:
     assert w.counts.bluez_lost == 1
     w.lost(20, "adapter")
     assert w.counts.adapter_lost == 1
+
+
+def test_the_counters_file_round_trips_and_bad_files_are_named(tmp_path: Path) -> None:
+    path = tmp_path / counters.FILE_NAME
+    assert counters.load(path) == {}  # none yet
+    kept = {"A4:C1:38:00:00:01": (counters.fingerprint(KEY), 2**32 - 1)}
+    counters.save(path, kept)
+    assert counters.load(path) == kept
+    assert [p.name for p in tmp_path.iterdir()] == [counters.FILE_NAME]  # no .tmp left
+    assert counters.fingerprint(KEY) != counters.fingerprint(bytes(16))
+    assert KEY.hex() not in path.read_text()
+    for bad, why in [
+        (b"{", "not JSON"),
+        (b"\xff", "not JSON"),
+        (b"[]", "not a version 1 counters file"),
+        (b'{"version": 2, "devices": {}}', "not a version 1 counters file"),
+        (b'{"version": 1}', "no 'devices' table"),
+        (b'{"version": 1, "devices": {"A": {"key": "k", "counter": "1"}}}', "device 'A'"),
+        (b'{"version": 1, "devices": {"A": {"key": "k", "counter": -1}}}', "device 'A'"),
+        (b'{"version": 1, "devices": {"A": {"key": "k", "counter": true}}}', "device 'A'"),
+        (b'{"version": 1, "devices": {"A": {"key": 1, "counter": 1}}}', "device 'A'"),
+        (b'{"version": 1, "devices": {"A": 5}}', "device 'A'"),
+    ]:
+        path.write_bytes(bad)
+        with pytest.raises(counters.CounterFileError, match=why):
+            counters.load(path)

@@ -27,13 +27,8 @@ class Seen:
     manufacturer_data: dict[int, bytes] = field(default_factory=dict)
 
 
-def add_parser(commands: Any) -> None:
-    ble = commands.add_parser(
-        "ble",
-        help="Bluetooth LE tools (scan)",
-        description="Bluetooth LE tools.",
-    )
-    sub = ble.add_subparsers(dest="ble_command", metavar="COMMAND", required=True)
+def add_parser(sub: Any) -> None:
+    """``scan`` among the subcommands ``sub`` of ``ledge ble``."""
     scan = sub.add_parser(
         "scan",
         help="list nearby BLE devices and what Ledge decodes from them",
