@@ -15,7 +15,6 @@ import fnmatch
 import functools
 import json
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -40,12 +39,11 @@ from drivers.parsers.ble.ccm import Cipher, parse_key
 from drivers.parsers.ble.gatt import parse_value
 from gateway.ble_settings import BEACON_FORMATS, GATT_PRESETS, RESET_COUNTER, BleDeviceSettings
 from gateway.broker.local import LocalClient
+from gateway.broker.ratelog import RateLimitedLog
 from gateway.runtime import BluetoothSettings, SensorSettings
 
 log = logging.getLogger("ledge.ble")
 
-#: Problems logged per device per minute before the rest are only counted.
-LOG_BUDGET: Final = 10
 #: Adverts handled per event-loop iteration before yielding to other work.
 DRAIN_BATCH: Final = 256
 #: Seconds between policy, presence and watchdog checks.
@@ -67,37 +65,6 @@ class Hub(Protocol):
     def publish_status(self, driver: str, device: str, online: bool) -> None: ...
 
 
-class LogBudget:
-    """At most ``LOG_BUDGET`` warnings a minute for one subject; the rest counted, and
-    their number logged when the minute is over."""
-
-    __slots__ = ("budget", "name", "reset_at", "suppressed")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.budget = LOG_BUDGET
-        self.reset_at = 0.0
-        self.suppressed = 0
-
-    def warn(self, message: str, *args: object) -> None:
-        now = time.monotonic()
-        if now >= self.reset_at:
-            if self.suppressed:
-                log.warning(
-                    "%s: %d more problems in the last minute were not logged",
-                    self.name,
-                    self.suppressed,
-                )
-            self.budget = LOG_BUDGET
-            self.reset_at = now + 60
-            self.suppressed = 0
-        if self.budget > 0:
-            self.budget -= 1
-            log.warning(message, *args)
-        else:
-            self.suppressed += 1
-
-
 @dataclass(slots=True)
 class DeviceStats:
     adverts: int = 0
@@ -117,7 +84,6 @@ class Device:
         self.settings = settings
         self.name = settings.name
         self.stats = DeviceStats()
-        self.budget = LogBudget(settings.name)
         self.publisher = Publisher(
             section.min_interval if settings.min_interval is None else settings.min_interval,
             section.heartbeat if settings.heartbeat is None else settings.heartbeat,
@@ -192,7 +158,9 @@ class BleSensors:
         self._timer: asyncio.TimerHandle | None = None
         self._published_state = ""
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.adapter_budget = LogBudget(f"ble {settings.adapter}")
+        #: Problem lines: one per (device, reason) or adapter problem a minute, the
+        #: rest counted (and said in the next line).
+        self.problems = RateLimitedLog(log)
         data_dir = hub.settings.data_dir
         #: Where the encryption counters survive a restart (None: they do not).
         self.counters_path = Path(data_dir) / counters.FILE_NAME if data_dir else None
@@ -307,7 +275,9 @@ class BleSensors:
                 self._loop.call_soon(self._drain)
         except Exception as exc:  # never out of the scanner callback
             self.counts["callback errors"] += 1
-            self.adapter_budget.warn("ble: advert from %s not queued: %r", device.address, exc)
+            self._warn(
+                "adapter/callback", "ble: advert from %s not queued: %r", device.address, exc
+            )
 
     def _drain(self) -> None:
         queue = self.queue
@@ -319,7 +289,8 @@ class BleSensors:
                 self._advert(device, adv, at, stamp, readings)
             except Exception as exc:  # a bug must not stop the scanner: count and log it
                 self.counts["callback errors"] += 1
-                self.adapter_budget.warn(
+                self._warn(
+                    "adapter/callback",
                     "ble: advert from %s failed: %r (service data %r, manufacturer data %r)",
                     device.address,
                     exc,
@@ -454,13 +425,18 @@ class BleSensors:
         log.info("ble: BTHome device %s adopted as %s", address, name)
         return device
 
+    def _warn(self, source: str, message: str, *args: object) -> None:
+        """A problem line, at most one per ``source`` a minute (the rest counted)."""
+        self.problems(self.clock(), source, message, *args)
+
     def _problems(self, device: Device, outcome: Outcome, adv: AdvertisementData) -> None:
         for problem in outcome.problems:
             device.count(problem.reason)
             if problem.reason == "decrypt_retry":
                 log.info("%s: %s", device.name, problem)
                 continue
-            device.budget.warn(
+            self._warn(
+                f"{device.name}/{problem.reason}",
                 "%s (%s): %s: %s; service data %s, manufacturer data %s",
                 device.name,
                 device.settings.address or device.settings.beacon,
@@ -478,7 +454,7 @@ class BleSensors:
         got, problems = device.mapping.readings(samples, stamp)
         for problem in problems:
             device.count("invalid_value")
-            device.budget.warn("%s: %s", device.name, problem)
+            self._warn(f"{device.name}/invalid_value", "%s: %s", device.name, problem)
         device.stats.readings += len(got)
         last = device.last
         for reading in got:
@@ -583,7 +559,7 @@ class BleSensors:
     def _counter_save_failed(self, path: Path, exc: OSError) -> None:
         self._counters_dirty = True  # tried again at the next interval
         self.counts["counter save errors"] = self.counts.get("counter save errors", 0) + 1
-        self.adapter_budget.warn("ble: encryption counters not written to %s: %s", path, exc)
+        self._warn("adapter/counters", "ble: encryption counters not written to %s: %s", path, exc)
 
     # ------------------------------------------------------------------ timer
 
@@ -642,7 +618,9 @@ class BleSensors:
             else:
                 await self.scanner.power_cycle()
         except SCAN_ERRORS as exc:
-            self.adapter_budget.warn("ble %s: %s failed: %s", adapter, action.value, exc)
+            self._warn(
+                f"adapter/{action.value}", "ble %s: %s failed: %s", adapter, action.value, exc
+            )
             self.counts[f"{action.value} errors"] = self.counts.get(f"{action.value} errors", 0) + 1
         self._adapter_changed()
 
@@ -737,7 +715,8 @@ class BleSensors:
             samples = parse_value(data, char.fields)
         except AdvertError as exc:
             device.count(exc.reason)
-            device.budget.warn(
+            self._warn(
+                f"{device.name}/{exc.reason}",
                 "%s (%s): characteristic %s: %s: %r", device.name, device.settings.address,
                 char.uuid, exc, data.hex(),
             )  # fmt: skip
@@ -753,7 +732,8 @@ class BleSensors:
 
     def _gatt_error(self, device: Device, reason: str, text: str) -> None:
         device.count(reason)
-        device.budget.warn(
+        self._warn(
+            f"{device.name}/{reason}",
             "%s (%s): GATT %s: %s; retrying with backoff",
             device.name,
             device.settings.address,

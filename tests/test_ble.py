@@ -378,6 +378,11 @@ def test_adverts_that_fail_authentication_change_nothing_about_the_device(
         "the refusals counted by reason",
     )
     wait_for(lambda: gw.sys("door/repeats") == b"1", 5, "the repeat counted")
+    for counter in (4, 5, 6):  # more of the same: counted, one log line a minute
+        bluez.advertise(path, svc={BTHOME: sealed(counter, 100, forged)})
+    wait_for(lambda: errors("wrong_key") == 4, 5, "every refusal counted")
+    lines = [line for line in gw.proc.lines if "door (A4:C1:38:00:00:0B): wrong_key" in line]
+    assert len(lines) == 1, lines
 
     def untouched() -> None:
         assert gw.payloads("ledge/gw1/ble/door/status") == [b"offline"]
