@@ -788,6 +788,31 @@ def test_ledge_ble_scan_lists_devices_with_their_decoder(bluez: FakeBlueZ) -> No
     assert 'address = "A4:C1:38:00:00:0A"' in toml.stdout and 'format = "bthome"' in toml.stdout
 
 
+def test_ledge_ble_scan_toml_with_a_bindkey_gives_a_config_that_decrypts(
+    bluez: FakeBlueZ, gateways: list[Gateway], tmp_path: Path
+) -> None:
+    """``--bindkey ADDRESS=KEY --toml`` prints that device's bindkey: the output, pasted
+    as is into a config, decodes the device's encrypted adverts."""
+    address = "A4:C1:38:00:00:0D"
+    key, mac = bytes.fromhex(KEY), mac_bytes(address)
+
+    def sealed(counter: int, centi: int) -> bytes:
+        return bthome.encrypt(bthome_temp(counter, centi), mac, counter, key)
+
+    path = bluez.add_device(address, "SBHT-003C", svc={BTHOME: sealed(1, 1234)})
+    bluez.beacon(path, 50)
+    out = ledge_ble(
+        "scan", "--seconds", "1", "--bindkey", f"{address.lower()}={KEY.upper()}", "--toml"
+    )
+    assert out.returncode == 0, out.stderr
+    assert "# temperature=12.34°C" in out.stdout  # decrypted while scanning
+    assert f'bindkey = "{KEY}"' in out.stdout
+    gw = start(gateways, tmp_path, out.stdout)
+    bluez.advertise(path, svc={BTHOME: sealed(2, 2345)})
+    gw.wait_value("sbht_003c_000d", "temperature", 23.45)
+    assert not [line for line in gw.proc.lines if "_key" in line]  # no_key, wrong_key
+
+
 def loaded_modules(code: str) -> str:
     """What ``code``, run in a fresh interpreter, prints (the modules it lists)."""
     out = subprocess.run(
