@@ -622,7 +622,22 @@ class BleSensors:
                 f"adapter/{action.value}", "ble %s: %s failed: %s", adapter, action.value, exc
             )
             self.counts[f"{action.value} errors"] = self.counts.get(f"{action.value} errors", 0) + 1
+            if not self.scanner.running:
+                await self._not_scanning(exc)
         self._adapter_changed()
+
+    async def _not_scanning(self, exc: BaseException) -> None:
+        """The scanner is stopped after a failed start: the adapter is failed now (not
+        after the silence watchdog's three steps), with the reason."""
+        try:
+            # Also (re)connects the watch on BlueZ, whose signals say when it is back.
+            await self.scanner.bluez.connect()
+        except SCAN_ERRORS as bus_error:
+            reason = f"cannot reach the system bus: {bus_error}"
+        else:
+            reason = f"the scanner did not start: {exc}"
+        if self.watchdog.start_failed(self.clock(), reason) is Action.REPORT_FAILED:
+            self._act(Action.REPORT_FAILED)
 
     # ------------------------------------------------------------------ BlueZ watch
 

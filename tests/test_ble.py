@@ -43,11 +43,12 @@ class Gateway:
         sys_interval: float = 0,
         listeners: int = 1,
         args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
     ) -> None:
         path = self.path = tmp_path / "ledge.toml"
         extra = f"[broker]\nsys_interval = {sys_interval}\n" if sys_interval else ""
         path.write_text(f'[gateway]\nid = "gw1"\nhealth_interval = 0\n{extra}{config}')
-        self.proc = LedgeProcess(*args, config=path).start(listeners=listeners)
+        self.proc = LedgeProcess(*args, config=path, env=env).start(listeners=listeners)
         self.sub = Paho(self.proc.port, "watch").connect()
         self.sub.subscribe("ledge/gw1/#", 0)
         if sys_interval:
@@ -592,6 +593,55 @@ def test_metrics_show_adapter_resets_and_a_failed_adapter(
     scanning = 'ledge_ble_adapter_state{adapter="hci0",state="scanning"}'
     gw.wait_metric(scanning, 1, "the recovery scraped")
     assert not any(w.startswith("BLE adapter") for w in gw.status()["warnings"])
+
+
+def test_no_system_bus_is_a_failed_adapter_at_once(gateways: list[Gateway], tmp_path: Path) -> None:
+    """The system bus cannot be reached: the adapter is reported failed with the reason
+    at once (metrics, status page, the retained adapter message), not scanning."""
+    gw = Gateway(
+        tmp_path,
+        f'{HTTP}[[ble]]\nname = "t"\naddress = "A4:C1:38:00:00:14"\n',
+        listeners=2,
+        env={"DBUS_SYSTEM_BUS_ADDRESS": f"unix:path={tmp_path}/no-bus-here"},
+    )
+    gateways.append(gw)
+    gw.proc.wait_log(r"ERROR .*ble hci0: adapter failed: cannot reach the system bus")
+    m = gw.wait_metric('ledge_ble_adapter_state{adapter="hci0",state="failed"}', 1, "failed")
+    assert m['ledge_ble_adapter_state{adapter="hci0",state="scanning"}'] == 0
+    assert m['ledge_ble_adapter_failures_total{adapter="hci0"}'] == 1
+    [warning] = [w for w in gw.status()["warnings"] if w.startswith("BLE adapter")]
+    assert warning.startswith("BLE adapter hci0 failed: cannot reach the system bus")
+    state = gw.adapter()
+    assert state["state"] == "failed" and "system bus" in state["reason"]
+
+
+def test_bluez_missing_at_start_is_failed_until_it_comes(
+    system_bus: object, gateways: list[Gateway], tmp_path: Path
+) -> None:
+    """BlueZ is not running when the gateway starts: failed at once (even with the
+    silence watchdog off); when BlueZ appears the scanner starts and adverts end it."""
+    gw = Gateway(
+        tmp_path,
+        f"{HTTP}[bluetooth]\nwatchdog = 0\n"
+        '[[ble]]\nname = "t"\naddress = "A4:C1:38:00:00:15"\nmin_interval = 0\n',
+        listeners=2,
+    )
+    gateways.append(gw)
+    gw.proc.wait_log(r"ERROR .*ble hci0: adapter failed: the scanner did not start")
+    gw.wait_metric('ledge_ble_adapter_state{adapter="hci0",state="failed"}', 1, "failed")
+    # The fake owns org.bluez a moment before its template is loaded: a call in between
+    # is answered with dbusmock's Python traceback as the D-Bus error text, which the
+    # gateway logs as the reason its start failed (and then starts on InterfacesAdded).
+    gw.proc.tracebacks = True
+    bluez = FakeBlueZ()
+    try:
+        gw.proc.wait_log(r"BlueZ \(org.bluez\) is back: restarting the scanner")
+        path = bluez.add_device("A4:C1:38:00:00:15", svc={BTHOME: bthome_temp(1, 1500)})
+        keep_advertising(bluez, gw, path, bthome_temp(2, 1600), "t", 16.0)
+        gw.wait_metric('ledge_ble_adapter_state{adapter="hci0",state="scanning"}', 1, "back")
+        assert not [w for w in gw.status()["warnings"] if w.startswith("BLE adapter")]
+    finally:
+        bluez.terminate()
 
 
 # ---------------------------------------------------------------- watchdog

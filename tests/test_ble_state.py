@@ -11,7 +11,7 @@ import pytest
 from drivers.ble import counters
 from drivers.ble.policy import Presence, Publisher
 from drivers.ble.tracker import PACKET_WINDOW, DeviceDecoder
-from drivers.ble.watchdog import Action, State, Watchdog
+from drivers.ble.watchdog import FIRST_RETRY, Action, State, Watchdog
 from drivers.parsers import Sample
 from drivers.parsers.ble import FORMATS, bthome
 from drivers.parsers.ble.base import Context, mac_bytes
@@ -230,3 +230,31 @@ def test_the_counters_file_round_trips_and_bad_files_are_named(tmp_path: Path) -
         path.write_bytes(bad)
         with pytest.raises(counters.CounterFileError, match=why):
             counters.load(path)
+
+
+def test_watchdog_a_scanner_that_did_not_start_is_failed_at_once() -> None:
+    w = Watchdog(silence=60, backoff_max=240)
+    w.start(0)
+    assert w.start_failed(1, "cannot reach the system bus: no such file") is Action.REPORT_FAILED
+    assert state(w) is State.FAILED and w.reason == "cannot reach the system bus: no such file"
+    assert w.start_failed(2, "the scanner did not start: refused") is None  # reported once
+    assert w.reason == "the scanner did not start: refused" and w.counts.failures == 1
+    assert w.tick(60) is None and w.tick(61) is Action.RETRY  # the backoff of a failure
+    assert w.heard(70) is Action.RECOVERED and state(w) is State.SCANNING
+    w.lost(80, "bluez")
+    assert w.start_failed(81, "the scanner did not start") is None
+    assert state(w) is State.ABSENT and w.reason == "BlueZ (org.bluez) left the system bus"
+
+
+def test_watchdog_off_still_retries_a_scanner_that_did_not_start() -> None:
+    """watchdog = 0 turns off the silence escalation, not the retries of a start that
+    failed (a gateway started before the bus would never scan otherwise)."""
+    w = Watchdog(silence=0, backoff_max=12)
+    w.start(0)
+    assert w.tick(1000) is None  # silence alone: nothing
+    assert w.start_failed(1000, "no bus") is Action.REPORT_FAILED
+    assert w.tick(1000 + FIRST_RETRY - 0.1) is None
+    assert w.tick(1000 + FIRST_RETRY) is Action.RETRY
+    assert w.tick(1000 + FIRST_RETRY + 10) is Action.RETRY  # doubled to 10
+    assert w.tick(1000 + FIRST_RETRY + 21) is None
+    assert w.tick(1000 + FIRST_RETRY + 22) is Action.RETRY  # capped at 12
