@@ -150,7 +150,11 @@ class BleSensors:
         self.watchdog = Watchdog(settings.watchdog, settings.watchdog_backoff_max)
         formats = [FORMATS[n] for n in self._format_names()]
         self.scanner = Scanner(
-            settings.adapter, settings.scanning, passive_patterns(formats), self._on_advert
+            settings.adapter,
+            settings.scanning,
+            passive_patterns(formats),
+            self._on_advert,
+            self._needs_active(),
         )
         self._draining = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -168,6 +172,24 @@ class BleSensors:
         self._counters_saved_at = float("-inf")
         self._saving: asyncio.Task[None] | None = None
         self._load_counters()
+
+    def _needs_active(self) -> str:
+        """Why active scanning is needed ("": it is not): devices whose format sends its
+        values in scan responses (a device of format "auto" is not known to)."""
+        names = sorted(
+            d.name
+            for d in self.devices.values()
+            if d.settings.format in FORMATS and FORMATS[d.settings.format].active_scan
+        )
+        if not names:
+            return ""
+        why = (
+            f"{', '.join(names)} send values in scan responses, "
+            "which passive scanning never asks for"
+        )
+        if self.settings.scanning == "passive":
+            log.warning("ble %s: scanning = passive, but %s", self.settings.adapter, why)
+        return why
 
     def _format_names(self) -> list[str]:
         names: set[str] = {d.settings.format for d in self.devices.values()}

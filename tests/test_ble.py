@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from drivers.parsers.ble import bthome, mibeacon, pvvx, ruuvi
+from drivers.parsers.ble import bthome, govee, mibeacon, pvvx, ruuvi
 from drivers.parsers.ble.base import mac_bytes
 from drivers.parsers.ble.beacons import encode_ibeacon
 from tests.support.bluez import BTHOME, FakeBlueZ
@@ -186,6 +186,28 @@ def test_auto_without_passive_support_scans_actively_and_says_why(
         "SetDiscoveryFilter",
         "StartDiscovery",
     ]
+
+
+def test_auto_scans_actively_for_a_device_that_sends_values_in_scan_responses(
+    bluez: FakeBlueZ, gateways: list[Gateway], tmp_path: Path
+) -> None:
+    """Govee sends its values in scan responses: with a Govee device configured, `auto`
+    scans actively even where BlueZ offers passive scanning, and says why."""
+    gw = start(
+        gateways,
+        tmp_path,
+        '[[ble]]\nname = "garage"\naddress = "A4:C1:38:00:00:0E"\nformat = "govee"\n'
+        '[[ble]]\nname = "t"\naddress = "A4:C1:38:00:00:0F"\n',
+    )
+    line = gw.proc.wait_log(r"ble hci0: active scanning")
+    assert "garage send values in scan responses" in line
+    calls = bluez.calls("/org/bluez/hci0")
+    assert "StartDiscovery" in calls and "RegisterMonitor" not in calls
+    bluez.add_device(
+        "A4:C1:38:00:00:0E", "GVH5075_000E", mfr={0xEC88: govee.encode_h5075(-3.5, 41.2, 77)}
+    )
+    gw.wait_value("garage", "temperature", -3.5)
+    gw.wait_value("garage", "battery", 77)
 
 
 def test_passive_configured_where_bluez_cannot_falls_back_loudly(
