@@ -494,7 +494,11 @@ def test_the_last_counter_survives_restarts_and_only_the_explicit_reset_lowers_i
     gw.proc.wait_log(r"encryption counters of 1 device\(s\) read from .*ble-counters.json")
     for n, advert in enumerate(recorded, start=1):
         bluez.advertise(path, svc={BTHOME: advert})
-        wait_for(lambda n=n: gw.sys("door/errors/replay") == str(n).encode(), 5, f"replay {n}")
+
+        def counted(n: int = n) -> bool:
+            return gw.sys("door/errors/replay") == str(n).encode()
+
+        wait_for(counted, 5, f"replay {n}")
     assert gw.values("door", "temperature") == []
     bluez.advertise(path, svc={BTHOME: sealed(101, 1010)})
     gw.wait_value("door", "temperature", 10.1)
