@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from drivers.parsers.ble import FORMATS, bthome, mibeacon, pvvx, recognise, ruuvi, switchbot
 from drivers.parsers.ble.base import AdvertError, Context, Decoded, mac_bytes, uuid16
-from drivers.parsers.ble.ccm import Cipher
+from drivers.parsers.ble.ccm import Cipher, encrypt_block, expand_key
 from tests.support.reference import REFERENCES
 
 VECTORS: list[dict[str, Any]] = json.loads(
@@ -358,3 +358,71 @@ def test_pvvx_and_atc_are_told_apart_by_length() -> None:
     svc_a = {pvvx.UUID: pvvx.encode_atc(mac, 20.0, 50, 90, 3000, 1)}
     assert (recognise(svc_p, {}, ctx) or FORMATS["bthome"]).name == "pvvx"
     assert (recognise(svc_a, {}, ctx) or FORMATS["bthome"]).name == "atc1441"
+
+
+# ---------------------------------------------------------------- AES-CCM
+
+
+def test_aes128_fips197_vector() -> None:
+    """FIPS 197, appendix C.1 (AES-128)."""
+    rk = expand_key(bytes(range(16)))
+    block = int.from_bytes(bytes.fromhex("00112233445566778899aabbccddeeff"), "big")
+    got = encrypt_block(rk, block).to_bytes(16, "big")
+    assert got.hex() == "69c4e0d86a7b0430d8cdb78070b4c55a"
+
+
+@pytest.mark.parametrize(
+    ("key", "nonce", "associated", "plain", "tag_length", "sealed"),
+    [
+        (  # NIST SP 800-38C, appendix C, example 1: a 4-byte tag, as BTHome and MiBeacon
+            "404142434445464748494a4b4c4d4e4f",
+            "10111213141516",
+            "0001020304050607",
+            "20212223",
+            4,
+            "7162015b4dac255d",
+        ),
+        (  # RFC 3610, packet vector #1: a 13-byte nonce (BTHome's and MiBeacon's size)
+            "c0c1c2c3c4c5c6c7c8c9cacbcccdcecf",
+            "00000003020100a0a1a2a3a4a5",
+            "0001020304050607",
+            "08090a0b0c0d0e0f101112131415161718191a1b1c1d1e",
+            8,
+            "588c979a61c663d2f066d0c2c0f989806d5f6b61dac38417e8d12cfdf926e0",
+        ),
+    ],
+    ids=["sp800-38c-example-1", "rfc3610-packet-1"],
+)
+def test_aes_ccm_published_vectors(
+    key: str, nonce: str, associated: str, plain: str, tag_length: int, sealed: str
+) -> None:
+    cipher = Cipher(bytes.fromhex(key), tag_length)
+    n, a, p = bytes.fromhex(nonce), bytes.fromhex(associated), bytes.fromhex(plain)
+    assert cipher.seal(n, p, a).hex() == sealed
+    assert cipher.open(n, bytes.fromhex(sealed), a) == p
+    for i in range(len(sealed) // 2):  # any bit changed anywhere: refused
+        bad = bytearray.fromhex(sealed)
+        bad[i] ^= 0x80
+        assert cipher.open(n, bytes(bad), a) is None
+    assert cipher.open(n, bytes.fromhex(sealed), a + b"x") is None
+    assert cipher.open(n, bytes.fromhex(sealed)[: tag_length - 1], a) is None  # too short
+
+
+@given(
+    st.binary(min_size=16, max_size=16),
+    st.binary(min_size=7, max_size=13),
+    st.binary(max_size=80),
+    st.one_of(st.none(), st.binary(min_size=1, max_size=40)),
+    st.sampled_from([4, 6, 8, 10, 12, 14, 16]),
+)
+def test_aes_ccm_agrees_with_the_cryptography_package(
+    key: bytes, nonce: bytes, plain: bytes, associated: bytes | None, tag_length: int
+) -> None:
+    """Ledge's AES-CCM beside OpenSSL's (through ``cryptography``, which the reference
+    decoders bring into the test environment; the gateway does without it)."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESCCM
+
+    theirs = AESCCM(key, tag_length=tag_length).encrypt(nonce, plain, associated)
+    cipher = Cipher(key, tag_length)
+    assert cipher.seal(nonce, plain, associated) == theirs
+    assert cipher.open(nonce, theirs, associated) == plain
