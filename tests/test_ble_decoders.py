@@ -9,6 +9,8 @@ import functools
 import json
 import math
 import struct
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from hypothesis import strategies as st
 from drivers.parsers.ble import FORMATS, bthome, mibeacon, pvvx, recognise, ruuvi, switchbot
 from drivers.parsers.ble.base import AdvertError, Context, Decoded, mac_bytes, uuid16
 from drivers.parsers.ble.ccm import Cipher, encrypt_block, expand_key
+from drivers.parsers.ble.gatt import parse_value
 from tests.support.reference import REFERENCES
 
 VECTORS: list[dict[str, Any]] = json.loads(
@@ -87,13 +90,125 @@ def test_vector(v: dict[str, Any]) -> None:
 
 def test_vectors_are_recognised_by_their_format() -> None:
     """``recognise`` (what `auto` devices and `ledge ble scan` use) names each vector's
-    format from the advert alone."""
+    format from the advert alone (but an element that does not identify its format,
+    ``"recognised": false``: SwitchBot's manufacturer data comes with its service data)."""
     for v in VECTORS:
-        if "error" in v:
+        if "error" in v or not v.get("recognised", True):
             continue
         service, company = advert(v)
         fmt = recognise(service, company, context(v))
         assert fmt is not None and fmt.name == v["format"], v["source"]
+
+
+#: The signed objects of the bthome.io/format table (sint8/16/32), written out here
+#: rather than taken from Ledge's table, which is what these vectors check.
+BTHOME_SIGNED = {0x02, 0x08, 0x3F, 0x45, 0x57, 0x58, 0x59, 0x5A, 0x5B, 0x5C, 0x5D, 0x62, 0x63}
+
+
+def test_every_bthome_object_id_has_fixed_vectors() -> None:
+    """Each object id the decoder claims has a vector of its own with the value written
+    out: an unsigned one with its top bit set (read signed, it would come out
+    negative), a signed one both positive and negative. So a sign or size error fails
+    on every run, not when a generated value happens to hit it."""
+    by_id: dict[int, list[Any]] = {}
+    for v in VECTORS:
+        if "object" in v:
+            numbers = [] if v["object"] == "0x00" else list(v["expect"].values())
+            by_id.setdefault(int(v["object"], 16), []).extend(numbers)
+    assert set(by_id) == set(bthome.OBJECTS)
+    for oid in BTHOME_SIGNED:
+        numbers = by_id[oid]
+        assert any(x < 0 for x in numbers) and any(x > 0 for x in numbers), hex(oid)
+    for oid, values_ in by_id.items():
+        if oid not in BTHOME_SIGNED and bthome.OBJECTS[oid][1] == bthome.NUM:
+            assert all(x > 0 for x in values_), hex(oid)
+
+
+#: The signed fields of the other formats (from their specs and reference decoders),
+#: each of which needs a vector with a value below zero.
+SIGNED_FIELDS = {
+    "mibeacon": {"temperature"},
+    "ruuvi": {"temperature", "acceleration_x", "acceleration_y", "acceleration_z", "tx_power"},
+    "govee": {"temperature"},
+    "inkbird": {"temperature", "temperature_probe_1"},
+    "switchbot": {"temperature"},
+    "pvvx": {"temperature"},
+    "atc1441": {"temperature"},
+    "ibeacon": {"measured_power"},
+    "eddystone": {"temperature", "tx_power"},
+}
+#: Each layout of a format with a signed field, and how its vectors are told.
+SIGNED_LAYOUTS: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
+    ("mibeacon", "object 0x1004", lambda v: "041002" in v["hex"]),
+    ("mibeacon", "object 0x100d", lambda v: "0d1004" in v["hex"]),
+    ("mibeacon", "object 0x4c01", lambda v: "014c04" in v["hex"]),
+    ("govee", "H5075", lambda v: v.get("name", "").startswith("GVH5075")),
+    ("govee", "H5074", lambda v: v.get("name", "").startswith("Govee_H5074")),
+    ("govee", "H5051", lambda v: v.get("name", "").startswith("Govee_H5051")),
+    ("govee", "H5179", lambda v: v["element"] == "company:0x8801"),
+    ("inkbird", "IBS-TH", lambda v: v.get("name") == "sps"),
+    ("inkbird", "IBS-TH2/P01B", lambda v: v.get("name") == "tps"),
+    ("inkbird", "iBBQ", lambda v: v.get("name") == "iBBQ"),
+    ("switchbot", "service data", lambda v: v["element"] == "service:fd3d"),
+    ("switchbot", "manufacturer data", lambda v: v["element"] == "company:0x0969"),
+]
+
+
+def _negative(v: dict[str, Any], fields: set[str]) -> bool:
+    return any(
+        isinstance(value, int | float) and not isinstance(value, bool) and value < 0
+        for field, value in v.get("expect", {}).items()
+        if field in fields
+    )
+
+
+def test_every_signed_field_of_the_other_formats_has_a_vector_below_zero() -> None:
+    """As for BTHome: a sign error in any layout of any format fails on every run."""
+    for fmt, fields in SIGNED_FIELDS.items():
+        for field in fields:
+            assert any(v["format"] == fmt and _negative(v, {field}) for v in VECTORS), field
+    for fmt, layout, told in SIGNED_LAYOUTS:
+        assert any(
+            v["format"] == fmt and told(v) and _negative(v, SIGNED_FIELDS[fmt]) for v in VECTORS
+        ), (fmt, layout)
+
+
+@dataclass(frozen=True)
+class Field:
+    """A ``[[ble.characteristics.fields]]`` entry."""
+
+    type: str
+    start: int = 0
+    quantity: str = "x"
+    scale: float = 1.0
+    offset: float = 0.0
+    unit: str = ""
+
+
+@pytest.mark.parametrize(
+    ("type_", "data", "value"),
+    [
+        ("int8", "f6", -10),
+        ("uint8", "f6", 246),
+        ("int16", "f6ff", -10),
+        ("uint16", "f6ff", 65526),
+        ("int16be", "fff6", -10),
+        ("uint16be", "fff6", 65526),
+        ("int24", "f6ffff", -10),
+        ("uint24", "f6ffff", 16777206),
+        ("int32", "f6ffffff", -10),
+        ("uint32", "f6ffffff", 4294967286),
+        ("int32be", "fffffff6", -10),
+        ("uint32be", "fffffff6", 4294967286),
+        ("float16", "00c9", -10.0),
+        ("float32", "000020c1", -10.0),
+    ],
+)
+def test_gatt_value_types_signed_and_unsigned(type_: str, data: str, value: float) -> None:
+    """GATT field types on bytes with the top bit set: written out by hand, so a type
+    read with the wrong sign (or byte order) fails."""
+    [sample] = parse_value(bytes.fromhex(data), [Field(type_)])
+    assert sample.value == value and type(sample.value) is type(value)
 
 
 def close(a: Any, b: Any) -> bool:
