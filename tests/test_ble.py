@@ -351,6 +351,11 @@ def test_encrypted_bthome_right_key_wrong_key_and_replay(
     assert "fcd2" in line and old.hex() in line  # the offending bytes
     assert gw.values("sealed", "temperature") == [21.0, 22.0, 23.0]
     wait_for(lambda: gw.sys("sealed/errors/replay") == b"1", 5, "replay counted")
+    # the last counter again, other bytes (another packet id and value): a replay too
+    equal = bthome.encrypt(bthome_temp(99, 2400), mac_bytes(good), 12, key)
+    bluez.advertise(path, svc={BTHOME: equal})
+    wait_for(lambda: gw.sys("sealed/errors/replay") == b"2", 5, "equal counter counted")
+    assert gw.values("sealed", "temperature") == [21.0, 22.0, 23.0]
     # a wrong key: the first failure is tolerated (not a warning), the second is reported
     path = bluez.add_device(
         bad, svc={BTHOME: bthome.encrypt(bthome_temp(1, 100), mac_bytes(bad), 1, key)}

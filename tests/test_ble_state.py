@@ -13,7 +13,7 @@ from drivers.ble.policy import Presence, Publisher
 from drivers.ble.tracker import PACKET_WINDOW, DeviceDecoder
 from drivers.ble.watchdog import FIRST_RETRY, Action, State, Watchdog
 from drivers.parsers import Sample
-from drivers.parsers.ble import FORMATS, bthome
+from drivers.parsers.ble import FORMATS, bthome, mibeacon
 from drivers.parsers.ble.base import Context, mac_bytes
 from drivers.parsers.ble.ccm import Cipher
 
@@ -258,3 +258,26 @@ def test_watchdog_off_still_retries_a_scanner_that_did_not_start() -> None:
     assert w.tick(1000 + FIRST_RETRY + 10) is Action.RETRY  # doubled to 10
     assert w.tick(1000 + FIRST_RETRY + 21) is None
     assert w.tick(1000 + FIRST_RETRY + 22) is Action.RETRY  # capped at 12
+
+
+def test_mibeacon_counters_are_guarded_alike() -> None:
+    """MiBeacon v4/v5: the counter is the frame counter and the 3-byte extension."""
+    dec = DeviceDecoder(Context(ADDRESS, cipher=Cipher(KEY)), FORMATS["mibeacon"])
+    mac = mac_bytes(ADDRESS)
+
+    def frame(counter: int, deci: int) -> dict[str, bytes]:
+        plain = mibeacon.encode(
+            0x055B, counter & 0xFF, [(0x1004, struct.pack("<h", deci))], mac=mac
+        )
+        return {mibeacon.UUID: mibeacon.encrypt(plain, mac, counter >> 8, KEY)}
+
+    def fed(counter: int, deci: int, now: float) -> tuple[list[object], list[str]]:
+        out = dec.feed(frame(counter, deci), {}, "", now)
+        assert out is not None
+        return [s.value for s in out.samples], [p.reason for p in out.problems]
+
+    assert fed(0x1234, 215, 0) == ([21.5], [])
+    assert dec.counter == 0x1234
+    assert fed(0x1234, 216, 10) == ([], ["replay"])  # equal, other bytes
+    assert fed(0x1233, 217, 20) == ([], ["replay"])  # smaller
+    assert fed(0x1300, 218, 30) == ([21.8], [])  # the extension carries into the count
