@@ -534,11 +534,26 @@ def test_the_last_counter_survives_restarts_and_only_the_explicit_reset_lowers_i
     # a device the config does not have: the command says so, nothing is sent
     out = ledge_ble("reset-counter", "nosuch", "-c", str(gw.path))
     assert out.returncode == 2 and "no [[ble]] device with address or name 'nosuch'" in out.stderr
+    # 5. a reset published retained acts once; the store keeps it, a restart ignores it
+    paho = Paho(gw.proc.port, "resetter").connect()
+    # (not empty: an empty retained message would only clear the topic's retained one)
+    paho.publish("ledge/gw1/ble/door/reset-counter", b"reset", 1, retain=True)
+    paho.disconnect()
+    gw.proc.wait_log(r"encryption counter reset on request \(it was 2\)")
+    bluez.advertise(path, svc={BTHOME: sealed(3, 333)})
+    gw.wait_value("door", "temperature", 3.33)
+    wait_for(lambda: saved() == 3, 5, "counter 3 written")
     gw.stop()
-    # 5. a new bindkey is a new device for replay: its counter starts afresh
+    gw = run(0, "four")
+    gw.proc.wait_log(r"encryption counters of 1 device\(s\) read")
+    bluez.advertise(path, svc={BTHOME: sealed(2, 222)})
+    wait_for(lambda: gw.sys("door/errors/replay") == b"1", 5, "still guarded after the restart")
+    assert "reset on request" not in gw.proc.log
+    gw.stop()
+    # 6. a new bindkey is a new device for replay: its counter starts afresh
     other = "00112233445566778899aabbccddeeff"
     device = device.replace(KEY, other)
-    gw = run(0, "four")
+    gw = run(0, "five")
     gw.proc.wait_log(r"door \(A4:C1:38:00:00:0C\): the bindkey changed")
     bluez.advertise(path, svc={BTHOME: sealed(1, 333, bytes.fromhex(other))})
     gw.wait_value("door", "temperature", 3.33)
