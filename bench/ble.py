@@ -9,7 +9,8 @@ end through bleak and a fake BlueZ into readings at an MQTT subscriber.
    bleak into ``ledge run``; adverts emitted by the fake and readings received by a
    subscriber are both counted, and the gateway's CPU share measured.
 3. The highest sustained rate before any advert is lost (rates doubling).
-4. RSS of the gateway with BLE configured, minus the default config's.
+4. RSS of the gateway with BLE configured, minus the default config's: one plain and
+   one encrypted BTHome device (each after its first reading), and N devices.
 """
 
 from __future__ import annotations
@@ -168,13 +169,43 @@ def reference_runner(
 # ---------------------------------------------------------------- end to end
 
 
-def _gateway_config(path: Path, devices: list[str]) -> None:
+def _gateway_config(path: Path, devices: list[str], bindkey: bytes | None = None) -> None:
     text = '[gateway]\nid = "bench"\nhealth_interval = 0\n'
     text += "[bluetooth]\nwatchdog = 0\nqueue_size = 100000\n"
     for i, address in enumerate(devices):
         text += f'[[ble]]\nname = "d{i:03d}"\naddress = "{address}"\nformat = "bthome"\n'
         text += "min_interval = 0\nheartbeat = 0\nrssi = false\n"
+        if bindkey is not None:
+            text += f'bindkey = "{bindkey.hex()}"\n'
     path.write_text(text)
+
+
+def one_device_rss(bluez: Any, tmpdir: Path, bindkey: bytes | None) -> int:
+    """RSS of a gateway with one BTHome device (encrypted with ``bindkey``), once its
+    first reading arrived (the decoder and, encrypted, the cipher have run)."""
+    address = "A4:C1:38:21:00:01" if bindkey is None else "A4:C1:38:21:00:02"
+    label = "one-plain" if bindkey is None else "one-encrypted"
+    config = tmpdir / f"{label}.toml"
+    _gateway_config(config, [address], bindkey)
+    proc, port = _start_ledge(config, tmpdir / f"{label}.log")
+    counter = Counter(port)
+    try:
+        time.sleep(1)  # the scanner is up (the first advert would be lost before)
+        data = bthome.encode([(0x02, struct.pack("<h", 2150))], packet_id=1)
+        if bindkey is not None:
+            data = bthome.encrypt(data, mac_bytes(address), 1, bindkey)
+        bluez.add_device(address, svc={bthome.UUID: data})
+        deadline = time.monotonic() + 10
+        while counter.count < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if counter.count < 1:
+            raise RuntimeError(f"no reading from the {label} device")
+        time.sleep(1)
+        return rss_kib(proc.pid) or 0
+    finally:
+        counter.close()
+        proc.terminate()
+        proc.wait(10)
 
 
 def _start_ledge(config: Path | None, log: Path) -> tuple[subprocess.Popen[bytes], int]:
@@ -272,6 +303,8 @@ def end_to_end(
         sensors.terminate()
         sensors.wait(10)
         bluez = FakeBlueZ()
+        out["rss_one_plain_kib"] = one_device_rss(bluez, tmpdir, None)
+        out["rss_one_encrypted_kib"] = one_device_rss(bluez, tmpdir, KEY)
         addresses = [f"A4:C1:38:20:{i // 256:02X}:{i % 256:02X}" for i in range(devices)]
         paths = [bluez.add_device(a, svc={}) for a in addresses]
         config = tmpdir / "ble.toml"
@@ -362,6 +395,9 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"RSS: default config {d:.1f} MiB; one serial device {serial:.1f} MiB (+{serial - d:.1f})"
     )
+    plain, sealed = result["rss_one_plain_kib"] / mib, result["rss_one_encrypted_kib"] / mib
+    print(f"RSS: one BTHome device {plain:.1f} MiB (+{plain - d:.1f}); one encrypted ", end="")
+    print(f"{sealed:.1f} MiB (+{sealed - d:.1f}; the cipher +{sealed - plain:.1f})")
     print(f"RSS: {args.devices} BLE devices {idle:.1f} MiB idle (+{idle - d:.1f}), ", end="")
     print(f"{after:.1f} MiB after the steady run (+{after - d:.1f}); BLE beyond the serial")
     print(f"     gateway's Reading model: +{idle - serial:.1f} MiB")

@@ -15,14 +15,15 @@ import fnmatch
 import functools
 import json
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Final, Protocol
 
 from bleak.backends.device import BLEDevice
 from bleak.backends.scanner import AdvertisementData
 
+from drivers.ble import counters
 from drivers.ble.gatt import Characteristic, GattDevice
 from drivers.ble.policy import Presence, Publisher
 from drivers.ble.scanner import SCAN_ERRORS, Scanner
@@ -36,14 +37,13 @@ from drivers.parsers.ble.base import AdvertError, Context
 from drivers.parsers.ble.bthome import UUID as BTHOME_UUID
 from drivers.parsers.ble.ccm import Cipher, parse_key
 from drivers.parsers.ble.gatt import parse_value
-from gateway.ble_settings import BEACON_FORMATS, GATT_PRESETS, BleDeviceSettings
+from gateway.ble_settings import BEACON_FORMATS, GATT_PRESETS, RESET_COUNTER, BleDeviceSettings
 from gateway.broker.local import LocalClient
+from gateway.broker.ratelog import RateLimitedLog
 from gateway.runtime import BluetoothSettings, SensorSettings
 
 log = logging.getLogger("ledge.ble")
 
-#: Problems logged per device per minute before the rest are only counted.
-LOG_BUDGET: Final = 10
 #: Adverts handled per event-loop iteration before yielding to other work.
 DRAIN_BATCH: Final = 256
 #: Seconds between policy, presence and watchdog checks.
@@ -65,37 +65,6 @@ class Hub(Protocol):
     def publish_status(self, driver: str, device: str, online: bool) -> None: ...
 
 
-class LogBudget:
-    """At most ``LOG_BUDGET`` warnings a minute for one subject; the rest counted, and
-    their number logged when the minute is over."""
-
-    __slots__ = ("budget", "name", "reset_at", "suppressed")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.budget = LOG_BUDGET
-        self.reset_at = 0.0
-        self.suppressed = 0
-
-    def warn(self, message: str, *args: object) -> None:
-        now = time.monotonic()
-        if now >= self.reset_at:
-            if self.suppressed:
-                log.warning(
-                    "%s: %d more problems in the last minute were not logged",
-                    self.name,
-                    self.suppressed,
-                )
-            self.budget = LOG_BUDGET
-            self.reset_at = now + 60
-            self.suppressed = 0
-        if self.budget > 0:
-            self.budget -= 1
-            log.warning(message, *args)
-        else:
-            self.suppressed += 1
-
-
 @dataclass(slots=True)
 class DeviceStats:
     adverts: int = 0
@@ -115,7 +84,6 @@ class Device:
         self.settings = settings
         self.name = settings.name
         self.stats = DeviceStats()
-        self.budget = LogBudget(settings.name)
         self.publisher = Publisher(
             section.min_interval if settings.min_interval is None else settings.min_interval,
             section.heartbeat if settings.heartbeat is None else settings.heartbeat,
@@ -130,8 +98,14 @@ class Device:
         )
         self.mapping = DeviceMap(settings.name, "ble", settings.fields, settings.only_mapped)
         self.decoder: DeviceDecoder | None = None
+        #: What ``ble-counters.json`` keeps of the bindkey ("": none).
+        self.key_fingerprint = ""
         if fmt_name not in ("gatt", *GATT_PRESETS):
-            cipher = Cipher(parse_key(settings.bindkey)) if settings.bindkey else None
+            cipher = None
+            if settings.bindkey:
+                key = parse_key(settings.bindkey)
+                cipher = Cipher(key)
+                self.key_fingerprint = counters.fingerprint(key)
             address = settings.address or "00:00:00:00:00:00"
             self.decoder = DeviceDecoder(Context(address, cipher=cipher), format_named(fmt_name))
         self.gatt: GattDevice | None = None
@@ -176,7 +150,11 @@ class BleSensors:
         self.watchdog = Watchdog(settings.watchdog, settings.watchdog_backoff_max)
         formats = [FORMATS[n] for n in self._format_names()]
         self.scanner = Scanner(
-            settings.adapter, settings.scanning, passive_patterns(formats), self._on_advert
+            settings.adapter,
+            settings.scanning,
+            passive_patterns(formats),
+            self._on_advert,
+            self._needs_active(),
         )
         self._draining = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -184,7 +162,34 @@ class BleSensors:
         self._timer: asyncio.TimerHandle | None = None
         self._published_state = ""
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.adapter_budget = LogBudget(f"ble {settings.adapter}")
+        #: Problem lines: one per (device, reason) or adapter problem a minute, the
+        #: rest counted (and said in the next line).
+        self.problems = RateLimitedLog(log)
+        data_dir = hub.settings.data_dir
+        #: Where the encryption counters survive a restart (None: they do not).
+        self.counters_path = Path(data_dir) / counters.FILE_NAME if data_dir else None
+        self._counters_dirty = False
+        self._counters_saved_at = float("-inf")
+        self._saving: asyncio.Task[None] | None = None
+        self._load_counters()
+
+    def _needs_active(self) -> str:
+        """Why active scanning is needed ("": it is not): devices whose format sends its
+        values in scan responses (a device of format "auto" is not known to)."""
+        names = sorted(
+            d.name
+            for d in self.devices.values()
+            if d.settings.format in FORMATS and FORMATS[d.settings.format].active_scan
+        )
+        if not names:
+            return ""
+        why = (
+            f"{', '.join(names)} send values in scan responses, "
+            "which passive scanning never asks for"
+        )
+        if self.settings.scanning == "passive":
+            log.warning("ble %s: scanning = passive, but %s", self.settings.adapter, why)
+        return why
 
     def _format_names(self) -> list[str]:
         names: set[str] = {d.settings.format for d in self.devices.values()}
@@ -224,6 +229,11 @@ class BleSensors:
         for device in self.devices.values():
             device.presence.start()
             hub.publish_status("ble", device.name, False)
+            if device.key_fingerprint:
+                # Not the retained message: a reset is an act, not a state to replay.
+                hub.client.subscribe(
+                    f"{hub._base('ble', device.name)}/{RESET_COUNTER}", 1, now, retained=False
+                )
             gatt = device.gatt
             if gatt is not None:
                 if device.settings.command_uuid:
@@ -265,6 +275,10 @@ class BleSensors:
         except TimeoutError:
             log.warning("ble %s: the scanner did not stop within 5 s", self.settings.adapter)
         self.scanner.close()
+        if self._saving is not None:
+            await asyncio.gather(self._saving, return_exceptions=True)
+        if self._counters_dirty:
+            self._save_counters_now()
         for name in self.devices:
             self.hub.publish_status("ble", name, False)
 
@@ -283,7 +297,9 @@ class BleSensors:
                 self._loop.call_soon(self._drain)
         except Exception as exc:  # never out of the scanner callback
             self.counts["callback errors"] += 1
-            self.adapter_budget.warn("ble: advert from %s not queued: %r", device.address, exc)
+            self._warn(
+                "adapter/callback", "ble: advert from %s not queued: %r", device.address, exc
+            )
 
     def _drain(self) -> None:
         queue = self.queue
@@ -295,7 +311,8 @@ class BleSensors:
                 self._advert(device, adv, at, stamp, readings)
             except Exception as exc:  # a bug must not stop the scanner: count and log it
                 self.counts["callback errors"] += 1
-                self.adapter_budget.warn(
+                self._warn(
+                    "adapter/callback",
                     "ble: advert from %s failed: %r (service data %r, manufacturer data %r)",
                     device.address,
                     exc,
@@ -327,16 +344,8 @@ class BleSensors:
                     self._heard(at)
                 return
         stats = device.stats
-        stats.adverts += 1
-        device.rssi = adv.rssi
-        if device.gatt is not None:
-            device.gatt.ble_device = ble_device
-        self._heard(at)
-        if device.presence.heard(at):
-            self._arrived(device, readings, stamp)
         decoder = device.decoder
-        samples: list[Sample] = []
-        events: frozenset[str] = frozenset()
+        outcome: Outcome | None = None
         if decoder is not None:
             outcome = decoder.feed(
                 adv.service_data, adv.manufacturer_data, adv.local_name or "", at
@@ -345,8 +354,25 @@ class BleSensors:
                 stats.repeats += outcome.repeats
                 if outcome.problems:
                     self._problems(device, outcome, adv)
-                samples = outcome.samples
-                events = outcome.events
+        self._heard(at)  # the scanner works, whoever sent this
+        if decoder is not None and decoder.keyed and (outcome is None or not outcome.authenticated):
+            # A device with a bindkey is heard only through adverts it authenticated:
+            # anyone can send its address (and replay its adverts), so nothing else
+            # changes its state -- not heard, no RSSI, no presence, no status.
+            return
+        if outcome is not None and outcome.authenticated:
+            self._counters_dirty = True
+        stats.adverts += 1
+        device.rssi = adv.rssi
+        if device.gatt is not None:
+            device.gatt.ble_device = ble_device
+        if device.presence.heard(at):
+            self._arrived(device, readings, stamp)
+        samples: list[Sample] = []
+        events: frozenset[str] = frozenset()
+        if outcome is not None:
+            samples = outcome.samples
+            events = outcome.events
         if device.settings.rssi:
             samples.append(Sample("rssi", adv.rssi, "dBm"))
         if samples:
@@ -421,13 +447,18 @@ class BleSensors:
         log.info("ble: BTHome device %s adopted as %s", address, name)
         return device
 
+    def _warn(self, source: str, message: str, *args: object) -> None:
+        """A problem line, at most one per ``source`` a minute (the rest counted)."""
+        self.problems(self.clock(), source, message, *args)
+
     def _problems(self, device: Device, outcome: Outcome, adv: AdvertisementData) -> None:
         for problem in outcome.problems:
             device.count(problem.reason)
-            if problem.reason in ("decrypt_retry", "counter_reset"):
+            if problem.reason == "decrypt_retry":
                 log.info("%s: %s", device.name, problem)
                 continue
-            device.budget.warn(
+            self._warn(
+                f"{device.name}/{problem.reason}",
                 "%s (%s): %s: %s; service data %s, manufacturer data %s",
                 device.name,
                 device.settings.address or device.settings.beacon,
@@ -445,7 +476,7 @@ class BleSensors:
         got, problems = device.mapping.readings(samples, stamp)
         for problem in problems:
             device.count("invalid_value")
-            device.budget.warn("%s: %s", device.name, problem)
+            self._warn(f"{device.name}/invalid_value", "%s: %s", device.name, problem)
         device.stats.readings += len(got)
         last = device.last
         for reading in got:
@@ -457,6 +488,100 @@ class BleSensors:
         self.hub.publish_status("ble", device.name, True)
         if device.reports_presence:
             self._publish(device, [Sample("presence", "home", "")], stamp, readings)
+
+    # ------------------------------------------------------------------ encryption counters
+
+    def _keyed(self) -> dict[str, Device]:
+        """Devices with a bindkey, by address: those whose counters are kept."""
+        return {
+            d.settings.address.upper(): d
+            for d in self.devices.values()
+            if d.key_fingerprint and d.decoder is not None and d.settings.address
+        }
+
+    def _load_counters(self) -> None:
+        keyed = self._keyed()
+        if not keyed:
+            return
+        path = self.counters_path
+        if path is None:
+            log.warning(
+                "ble: no data_dir: the encryption counters of %d device(s) live in memory "
+                "only; after a restart the first authenticated advert of each is believed, "
+                "a recorded one too",
+                len(keyed),
+            )
+            return
+        try:
+            stored = counters.load(path)
+        except (OSError, counters.CounterFileError) as exc:
+            log.error("ble: %s: %s; the encryption counters start afresh", path, exc)
+            self._counters_dirty = True  # replaced with a good file at the first save
+            return
+        restored = 0
+        for address, device in keyed.items():
+            entry = stored.get(address)
+            if entry is None or device.decoder is None:
+                continue
+            fingerprint, counter = entry
+            if fingerprint != device.key_fingerprint:
+                log.warning(
+                    "ble: %s (%s): the bindkey changed: its encryption counter starts afresh",
+                    device.name,
+                    address,
+                )
+                self._counters_dirty = True
+                continue
+            device.decoder.counter = counter
+            restored += 1
+        if len(stored) != restored:
+            self._counters_dirty = True  # devices no longer configured are dropped
+        log.info("ble: encryption counters of %d device(s) read from %s", restored, path)
+
+    def _counter_snapshot(self) -> counters.Counters:
+        return {
+            address: (device.key_fingerprint, device.decoder.counter)
+            for address, device in self._keyed().items()
+            if device.decoder is not None and device.decoder.counter is not None
+        }
+
+    def _save_counters_due(self, now: float) -> None:
+        """Write the counters (in a thread: the disk may be slow) when they changed and
+        ``counter_save_interval`` has passed since the last write; one write at a time."""
+        if not self._counters_dirty or self.counters_path is None:
+            return
+        if self._saving is not None and not self._saving.done():
+            return
+        if now - self._counters_saved_at < self.settings.counter_save_interval:
+            return
+        assert self._loop is not None
+        self._counters_saved_at = now
+        self._counters_dirty = False
+        self._saving = self._loop.create_task(
+            self._save_counters(self.counters_path, self._counter_snapshot()),
+            name="ble counters",
+        )
+
+    async def _save_counters(self, path: Path, snapshot: counters.Counters) -> None:
+        try:
+            await asyncio.to_thread(counters.save, path, snapshot)
+        except OSError as exc:
+            self._counter_save_failed(path, exc)
+
+    def _save_counters_now(self) -> None:
+        """At shutdown: the last write, in the loop (nothing else is left to do)."""
+        if self.counters_path is None:
+            return
+        self._counters_dirty = False
+        try:
+            counters.save(self.counters_path, self._counter_snapshot())
+        except OSError as exc:
+            self._counter_save_failed(self.counters_path, exc)
+
+    def _counter_save_failed(self, path: Path, exc: OSError) -> None:
+        self._counters_dirty = True  # tried again at the next interval
+        self.counts["counter save errors"] = self.counts.get("counter save errors", 0) + 1
+        self._warn("adapter/counters", "ble: encryption counters not written to %s: %s", path, exc)
 
     # ------------------------------------------------------------------ timer
 
@@ -478,6 +603,7 @@ class BleSensors:
                 self._publish(device, due, stamp, readings)
         if readings:
             self.hub.publish_readings(readings)
+        self._save_counters_due(now)
         action = self.watchdog.tick(now)
         if action is not None:
             self._act(action)
@@ -514,9 +640,26 @@ class BleSensors:
             else:
                 await self.scanner.power_cycle()
         except SCAN_ERRORS as exc:
-            self.adapter_budget.warn("ble %s: %s failed: %s", adapter, action.value, exc)
+            self._warn(
+                f"adapter/{action.value}", "ble %s: %s failed: %s", adapter, action.value, exc
+            )
             self.counts[f"{action.value} errors"] = self.counts.get(f"{action.value} errors", 0) + 1
+            if not self.scanner.running:
+                await self._not_scanning(exc)
         self._adapter_changed()
+
+    async def _not_scanning(self, exc: BaseException) -> None:
+        """The scanner is stopped after a failed start: the adapter is failed now (not
+        after the silence watchdog's three steps), with the reason."""
+        try:
+            # Also (re)connects the watch on BlueZ, whose signals say when it is back.
+            await self.scanner.bluez.connect()
+        except SCAN_ERRORS as bus_error:
+            reason = f"cannot reach the system bus: {bus_error}"
+        else:
+            reason = f"the scanner did not start: {exc}"
+        if self.watchdog.start_failed(self.clock(), reason) is Action.REPORT_FAILED:
+            self._act(Action.REPORT_FAILED)
 
     # ------------------------------------------------------------------ BlueZ watch
 
@@ -609,7 +752,8 @@ class BleSensors:
             samples = parse_value(data, char.fields)
         except AdvertError as exc:
             device.count(exc.reason)
-            device.budget.warn(
+            self._warn(
+                f"{device.name}/{exc.reason}",
                 "%s (%s): characteristic %s: %s: %r", device.name, device.settings.address,
                 char.uuid, exc, data.hex(),
             )  # fmt: skip
@@ -625,7 +769,8 @@ class BleSensors:
 
     def _gatt_error(self, device: Device, reason: str, text: str) -> None:
         device.count(reason)
-        device.budget.warn(
+        self._warn(
+            f"{device.name}/{reason}",
             "%s (%s): GATT %s: %s; retrying with backoff",
             device.name,
             device.settings.address,
@@ -634,8 +779,12 @@ class BleSensors:
         )
 
     def command(self, name: str, topic: str, payload: bytes) -> bool:
-        """A message on ``.../ble/<name>/command``; False when no such device."""
+        """A message on ``.../ble/<name>/command`` (or ``.../reset-counter``); False
+        when no such device."""
         device = self.devices.get(name)
+        if device is not None and topic.rsplit("/", 1)[-1] == RESET_COUNTER:
+            self._reset_counter(device, topic)
+            return True
         if device is None or device.gatt is None or not device.settings.command_uuid:
             return False
         assert self._loop is not None
@@ -644,6 +793,33 @@ class BleSensors:
         )
         self._tasks = [t for t in self._tasks if not t.done()]
         return True
+
+    def _reset_counter(self, device: Device, topic: str) -> None:
+        """The explicit reset: forget the device's last accepted encryption counter, so
+        that its next authenticated advert (whatever its counter) is believed. Who may
+        publish here may also publish the device's readings: the same ACL guards both."""
+        result: dict[str, object]
+        decoder = device.decoder
+        if decoder is None or not decoder.keyed:
+            result = {"ok": False, "error": f"{device.name} has no bindkey: no counter to reset"}
+        else:
+            previous = decoder.reset_counter()
+            log.warning(
+                "ble: %s (%s): encryption counter reset on request (it was %s); the next "
+                "authenticated advert sets it",
+                device.name,
+                device.settings.address,
+                previous,
+            )
+            self._counters_dirty = True
+            self._counters_saved_at = float("-inf")  # written at the next tick
+            result = {"ok": True, "address": device.settings.address, "previous": previous}
+        self.hub.client.publish(
+            f"{topic}/result",
+            json.dumps(result, separators=(",", ":")).encode(),
+            self.clock(),
+            qos=1,
+        )
 
     async def _write(self, device: Device, topic: str, payload: bytes) -> None:
         assert device.gatt is not None

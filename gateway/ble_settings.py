@@ -23,6 +23,9 @@ GattFormat = Literal["gatt", "lywsd03mmc"]
 ADVERT_FORMATS: Final[tuple[str, ...]] = get_args(AdvertFormat)
 GATT_FORMATS: Final[tuple[str, ...]] = get_args(GattFormat)
 BEACON_FORMATS: Final = ("ibeacon", "eddystone")
+#: The topic level under ``<prefix>/<gateway>/ble/<name>/`` that resets a device's
+#: encryption counter (``ledge ble reset-counter``); the answer is on ``.../result``.
+RESET_COUNTER: Final = "reset-counter"
 
 #: How a value is laid out in a characteristic's bytes (``drivers.parsers.ble.gatt``).
 ValueType = Literal[

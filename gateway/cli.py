@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gateway import __version__, bridgectl, statusctl
+from gateway import __version__, blectl, bridgectl, statusctl
 from gateway.config import Config, Overrides, config_changes, load_config, parse_listen
 from gateway.runtime import RUNTIME_ENV, ConfigError, build_authenticator, file_warnings
 
@@ -82,9 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--print-runtime", action="store_true", help=argparse.SUPPRESS)
     bridgectl.add_parser(commands)
     statusctl.add_parser(commands)
-    from drivers.ble import scan as ble_scan
-
-    ble_scan.add_parser(commands)
+    blectl.add_parser(commands)
 
     from gateway import passwd
 
@@ -131,9 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "status":
         return statusctl.main(args)
     if args.command == "ble":
-        from drivers.ble import scan as ble_scan
-
-        return ble_scan.run(args)
+        return blectl.main(args)
     if args.command == "passwd":
         from gateway import passwd
 

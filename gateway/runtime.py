@@ -164,6 +164,9 @@ class BluetoothSettings:
     min_interval: float = option(10.0, ge=0, le=DAY)
     heartbeat: float = option(300.0, ge=0, le=DAY)
     away_after: float = option(300.0, gt=0, le=DAY)
+    #: Seconds between writes of the encryption counters to data_dir (while they
+    #: change; and at shutdown). 0: within a second of each change.
+    counter_save_interval: float = option(10.0, ge=0, le=3600)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +191,8 @@ class SensorSettings:
     discovery_prefix: str
     bluetooth: BluetoothSettings
     ble: tuple[BleDeviceSettings, ...]
+    #: ``data_dir``: where state that must survive a restart lives (None: nowhere).
+    data_dir: str | None = None
 
     @property
     def uses_ble(self) -> bool:
@@ -265,6 +270,7 @@ class RuntimeConfig:
             discovery_prefix=self.homeassistant.discovery_prefix,
             bluetooth=self.bluetooth,
             ble=self.ble,
+            data_dir=self.data_dir,
         )
 
     def to_json(self) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from drivers.parsers.ble import bthome, mibeacon, pvvx, ruuvi
+from drivers.parsers.ble import bthome, govee, mibeacon, pvvx, ruuvi
 from drivers.parsers.ble.base import mac_bytes
 from drivers.parsers.ble.beacons import encode_ibeacon
 from tests.support.bluez import BTHOME, FakeBlueZ
@@ -37,12 +37,18 @@ class Gateway:
     """``ledge run`` with a BLE config, and a paho client subscribed to its topics."""
 
     def __init__(
-        self, tmp_path: Path, config: str, sys_interval: float = 0, listeners: int = 1
+        self,
+        tmp_path: Path,
+        config: str,
+        sys_interval: float = 0,
+        listeners: int = 1,
+        args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
     ) -> None:
-        path = tmp_path / "ledge.toml"
+        path = self.path = tmp_path / "ledge.toml"
         extra = f"[broker]\nsys_interval = {sys_interval}\n" if sys_interval else ""
         path.write_text(f'[gateway]\nid = "gw1"\nhealth_interval = 0\n{extra}{config}')
-        self.proc = LedgeProcess(config=path).start(listeners=listeners)
+        self.proc = LedgeProcess(*args, config=path, env=env).start(listeners=listeners)
         self.sub = Paho(self.proc.port, "watch").connect()
         self.sub.subscribe("ledge/gw1/#", 0)
         if sys_interval:
@@ -91,7 +97,13 @@ class Gateway:
 
     def stop(self) -> None:
         self.sub.disconnect()
-        assert self.proc.stop() == 0, self.proc.log
+        if self.proc.proc is not None and self.proc.proc.returncode is None:
+            assert self.proc.stop() == 0, self.proc.log
+
+    def kill(self) -> None:
+        """SIGKILL (a power cut, as far as the gateway can tell)."""
+        self.sub.disconnect()
+        self.proc.kill()
 
 
 @pytest.fixture
@@ -174,6 +186,28 @@ def test_auto_without_passive_support_scans_actively_and_says_why(
         "SetDiscoveryFilter",
         "StartDiscovery",
     ]
+
+
+def test_auto_scans_actively_for_a_device_that_sends_values_in_scan_responses(
+    bluez: FakeBlueZ, gateways: list[Gateway], tmp_path: Path
+) -> None:
+    """Govee sends its values in scan responses: with a Govee device configured, `auto`
+    scans actively even where BlueZ offers passive scanning, and says why."""
+    gw = start(
+        gateways,
+        tmp_path,
+        '[[ble]]\nname = "garage"\naddress = "A4:C1:38:00:00:0E"\nformat = "govee"\n'
+        '[[ble]]\nname = "t"\naddress = "A4:C1:38:00:00:0F"\n',
+    )
+    line = gw.proc.wait_log(r"ble hci0: active scanning")
+    assert "garage send values in scan responses" in line
+    calls = bluez.calls("/org/bluez/hci0")
+    assert "StartDiscovery" in calls and "RegisterMonitor" not in calls
+    bluez.add_device(
+        "A4:C1:38:00:00:0E", "GVH5075_000E", mfr={0xEC88: govee.encode_h5075(-3.5, 41.2, 77)}
+    )
+    gw.wait_value("garage", "temperature", -3.5)
+    gw.wait_value("garage", "battery", 77)
 
 
 def test_passive_configured_where_bluez_cannot_falls_back_loudly(
@@ -317,6 +351,11 @@ def test_encrypted_bthome_right_key_wrong_key_and_replay(
     assert "fcd2" in line and old.hex() in line  # the offending bytes
     assert gw.values("sealed", "temperature") == [21.0, 22.0, 23.0]
     wait_for(lambda: gw.sys("sealed/errors/replay") == b"1", 5, "replay counted")
+    # the last counter again, other bytes (another packet id and value): a replay too
+    equal = bthome.encrypt(bthome_temp(99, 2400), mac_bytes(good), 12, key)
+    bluez.advertise(path, svc={BTHOME: equal})
+    wait_for(lambda: gw.sys("sealed/errors/replay") == b"2", 5, "equal counter counted")
+    assert gw.values("sealed", "temperature") == [21.0, 22.0, 23.0]
     # a wrong key: the first failure is tolerated (not a warning), the second is reported
     path = bluez.add_device(
         bad, svc={BTHOME: bthome.encrypt(bthome_temp(1, 100), mac_bytes(bad), 1, key)}
@@ -330,6 +369,194 @@ def test_encrypted_bthome_right_key_wrong_key_and_replay(
     wait_for(lambda: gw.sys("wrongkey/errors/wrong_key") == b"1", 5, "wrong key counted")
     assert gw.sys("wrongkey/errors/decrypt_retry") == b"1"
     assert gw.values("wrongkey", "temperature") == []
+
+
+def test_adverts_that_fail_authentication_change_nothing_about_the_device(
+    bluez: FakeBlueZ, gateways: list[Gateway], tmp_path: Path
+) -> None:
+    """Someone copies an encrypted device's address: adverts under another key, plain
+    ones, replayed and repeated ones are counted by reason and change no state -- the
+    device is not online, has no RSSI, is not home. Only its own adverts do."""
+    address = "A4:C1:38:00:00:0B"
+    gw = start(
+        gateways,
+        tmp_path,
+        f'[[ble]]\nname = "door"\naddress = "{address}"\nbindkey = "{KEY}"\n'
+        "presence = true\naway_after = 1.5\nmin_interval = 0\n",
+        sys_interval=0.3,
+    )
+    key, mac = bytes.fromhex(KEY), mac_bytes(address)
+
+    def sealed(counter: int, centi: int, with_key: bytes = key) -> bytes:
+        return bthome.encrypt(bthome_temp(counter, centi), mac, counter, with_key)
+
+    def errors(reason: str) -> int:
+        return int(gw.sys(f"door/errors/{reason}") or 0)
+
+    forged = bytes(16)
+    path = bluez.add_device(address, svc={BTHOME: sealed(1, 100, forged)})
+    bluez.advertise(path, svc={BTHOME: sealed(2, 200, forged)})
+    bluez.advertise(path, svc={BTHOME: sealed(2, 200, forged)}, rssi=-30)  # a repeat
+    bluez.advertise(path, svc={BTHOME: bthome_temp(3, 300)})  # plain
+    wait_for(
+        lambda: (
+            (errors("decrypt_retry"), errors("wrong_key"), errors("not_encrypted")) == (1, 1, 1)
+        ),
+        5,
+        "the refusals counted by reason",
+    )
+    wait_for(lambda: gw.sys("door/repeats") == b"1", 5, "the repeat counted")
+    for counter in (4, 5, 6):  # more of the same: counted, one log line a minute
+        bluez.advertise(path, svc={BTHOME: sealed(counter, 100, forged)})
+    wait_for(lambda: errors("wrong_key") == 4, 5, "every refusal counted")
+    lines = [line for line in gw.proc.lines if "door (A4:C1:38:00:00:0B): wrong_key" in line]
+    assert len(lines) == 1, lines
+
+    def untouched() -> None:
+        assert gw.payloads("ledge/gw1/ble/door/status") == [b"offline"]
+        assert gw.values("door", "rssi") == [] and gw.values("door", "presence") == []
+        assert gw.values("door", "temperature") == []
+        assert gw.sys("door/present") == b"0" and gw.sys("door/adverts") == b"0"
+        assert gw.sys("door/rssi") is None
+
+    untouched()
+    # the device itself: online, home, its values and RSSI
+    recorded = sealed(9, 900)  # sent earlier, recorded by someone, never heard here
+    bluez.advertise(path, svc={BTHOME: sealed(10, 1000)}, rssi=-55)
+    gw.wait_value("door", "temperature", 10.0)
+    gw.wait_value("door", "rssi", -55)
+    gw.wait_value("door", "presence", "home")
+    assert gw.payloads("ledge/gw1/ble/door/status")[-1] == b"online"
+    wait_for(lambda: gw.values("door", "presence") == ["home", "away"], 5, "away after 1.5 s")
+    assert gw.payloads("ledge/gw1/ble/door/status")[-1] == b"offline"
+    # its last advert played back (the same bytes: a repeat), and an older recorded one
+    bluez.advertise(path, svc={BTHOME: sealed(10, 1000)}, rssi=-40)
+    wait_for(lambda: gw.sys("door/repeats") == b"2", 5, "the copy counted as a repeat")
+    bluez.advertise(path, svc={BTHOME: recorded}, rssi=-40)
+    # $SYS values go out in order (rssi before errors): once the replay is counted,
+    # what it changed (or, here, did not) has arrived
+    wait_for(lambda: errors("replay") == 1, 5, "the replay counted")
+    assert gw.sys("door/present") == b"0"
+    assert gw.values("door", "presence") == ["home", "away"]
+    assert gw.payloads("ledge/gw1/ble/door/status")[-1] == b"offline"
+    assert gw.values("door", "rssi") == [-55] and gw.sys("door/rssi") == b"-55"
+    assert gw.values("door", "temperature") == [10.0] and gw.sys("door/adverts") == b"1"
+    bluez.advertise(path, svc={BTHOME: sealed(11, 1100)}, rssi=-50)
+    gw.wait_value("door", "presence", "home")
+    gw.wait_value("door", "temperature", 11.0)
+    assert gw.payloads("ledge/gw1/ble/door/status")[-1] == b"online"
+
+
+def ledge_ble(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", "ble", *args],
+        capture_output=True, text=True, timeout=30, cwd=REPO, env=dict(os.environ), check=False,
+    )  # fmt: skip
+
+
+def test_the_last_counter_survives_restarts_and_only_the_explicit_reset_lowers_it(
+    bluez: FakeBlueZ, gateways: list[Gateway], tmp_path: Path
+) -> None:
+    """The counter is in data_dir: after a clean stop (written at shutdown) and after a
+    kill -9 (written within a second with counter_save_interval = 0), recorded adverts
+    are still replays. The device restarted its counter: refused until
+    ``ledge ble reset-counter``, then its new counters are believed."""
+    address = "A4:C1:38:00:00:0C"
+    key, mac = bytes.fromhex(KEY), mac_bytes(address)
+    data = tmp_path / "data"
+    counters_file = data / "ble-counters.json"
+    device = f'[[ble]]\nname = "door"\naddress = "{address}"\nbindkey = "{KEY}"\nmin_interval = 0\n'
+
+    def sealed(counter: int, centi: int, with_key: bytes = key) -> bytes:
+        return bthome.encrypt(bthome_temp(counter, centi), mac, counter, with_key)
+
+    def run(save_interval: int, sub: str) -> Gateway:
+        (tmp_path / sub).mkdir()
+        return start(
+            gateways,
+            tmp_path / sub,
+            f"[bluetooth]\ncounter_save_interval = {save_interval}\n{device}",
+            sys_interval=0.3,
+            args=("--data-dir", str(data)),
+        )
+
+    def saved() -> int | None:
+        if not counters_file.exists():
+            return None
+        entry = json.loads(counters_file.read_text())["devices"].get(address)
+        return None if entry is None else int(entry["counter"])
+
+    recorded = [sealed(c, c * 100) for c in (50, 51, 52)]  # heard by someone, not here
+    # 1. a clean stop writes the counter (the interval alone would not, for an hour)
+    gw = run(3600, "one")
+    path = bluez.add_device(address, svc={BTHOME: sealed(100, 1000)})
+    gw.wait_value("door", "temperature", 10.0)
+    assert saved() is None
+    gw.stop()
+    assert saved() == 100
+    # 2. after the restart, recorded adverts are replays; a new counter is written at once
+    gw = run(0, "two")
+    gw.proc.wait_log(r"encryption counters of 1 device\(s\) read from .*ble-counters.json")
+    for n, advert in enumerate(recorded, start=1):
+        bluez.advertise(path, svc={BTHOME: advert})
+
+        def counted(n: int = n) -> bool:
+            return gw.sys("door/errors/replay") == str(n).encode()
+
+        wait_for(counted, 5, f"replay {n}")
+    assert gw.values("door", "temperature") == []
+    bluez.advertise(path, svc={BTHOME: sealed(101, 1010)})
+    gw.wait_value("door", "temperature", 10.1)
+    wait_for(lambda: saved() == 101, 5, "counter 101 written")
+    gw.kill()
+    # 3. after a kill -9: still guarded (also the exact bytes of the last accepted advert)
+    gw = run(0, "three")
+    bluez.advertise(path, svc={BTHOME: sealed(101, 1010)})
+    bluez.advertise(path, svc={BTHOME: recorded[0]})
+    wait_for(lambda: gw.sys("door/errors/replay") == b"2", 5, "both refused")
+    # 4. the device restarted its counter: refused until the explicit reset
+    bluez.advertise(path, svc={BTHOME: sealed(1, 111)})
+    wait_for(lambda: gw.sys("door/errors/replay") == b"3", 5, "the restarted device refused")
+    assert gw.values("door", "temperature") == []
+    out = ledge_ble(
+        "reset-counter", address, "-c", str(gw.path), "--broker", f"127.0.0.1:{gw.proc.port}"
+    )
+    assert out.returncode == 0, out.stderr
+    assert "door (A4:C1:38:00:00:0C): encryption counter reset (it was 101)" in out.stdout
+    gw.proc.wait_log(r"WARNING .*door \(A4:C1:38:00:00:0C\): encryption counter reset on request")
+    wait_for(lambda: saved() is None, 5, "the reset written")
+    bluez.advertise(path, svc={BTHOME: sealed(2, 222)})
+    gw.wait_value("door", "temperature", 2.22)
+    wait_for(lambda: saved() == 2, 5, "the new counter written")
+    bluez.advertise(path, svc={BTHOME: sealed(1, 111)})
+    wait_for(lambda: gw.sys("door/errors/replay") == b"4", 5, "guarded again after the reset")
+    assert gw.values("door", "temperature") == [2.22]
+    # a device the config does not have: the command says so, nothing is sent
+    out = ledge_ble("reset-counter", "nosuch", "-c", str(gw.path))
+    assert out.returncode == 2 and "no [[ble]] device with address or name 'nosuch'" in out.stderr
+    # 5. a reset published retained acts once; the store keeps it, a restart ignores it
+    paho = Paho(gw.proc.port, "resetter").connect()
+    # (not empty: an empty retained message would only clear the topic's retained one)
+    paho.publish("ledge/gw1/ble/door/reset-counter", b"reset", 1, retain=True)
+    paho.disconnect()
+    gw.proc.wait_log(r"encryption counter reset on request \(it was 2\)")
+    bluez.advertise(path, svc={BTHOME: sealed(3, 333)})
+    gw.wait_value("door", "temperature", 3.33)
+    wait_for(lambda: saved() == 3, 5, "counter 3 written")
+    gw.stop()
+    gw = run(0, "four")
+    gw.proc.wait_log(r"encryption counters of 1 device\(s\) read")
+    bluez.advertise(path, svc={BTHOME: sealed(2, 222)})
+    wait_for(lambda: gw.sys("door/errors/replay") == b"1", 5, "still guarded after the restart")
+    assert "reset on request" not in gw.proc.log
+    gw.stop()
+    # 6. a new bindkey is a new device for replay: its counter starts afresh
+    other = "00112233445566778899aabbccddeeff"
+    device = device.replace(KEY, other)
+    gw = run(0, "five")
+    gw.proc.wait_log(r"door \(A4:C1:38:00:00:0C\): the bindkey changed")
+    bluez.advertise(path, svc={BTHOME: sealed(1, 333, bytes.fromhex(other))})
+    gw.wait_value("door", "temperature", 3.33)
 
 
 # ---------------------------------------------------------------- metrics
@@ -375,7 +602,9 @@ def test_metrics_count_ble_readings_errors_by_reason_and_unknown_devices(
     assert m['ledge_sensor_readings_total{driver="ble"}'] >= 2
     assert m['ledge_ble_errors_total{reason="wrong_key"}'] == 1
     assert m['ledge_ble_errors_total{reason="decrypt_retry"}'] == 1
-    assert m['ledge_sensor_devices{driver="ble",state="present"}'] == 2
+    # the device with the wrong key was never heard: its adverts did not authenticate
+    assert m['ledge_sensor_devices{driver="ble",state="present"}'] == 1
+    assert m['ledge_sensor_devices{driver="ble",state="away"}'] == 1
     assert m['ledge_ble_adapter_state{adapter="hci0",state="scanning"}'] == 1
     assert m['ledge_ble_adapter_state{adapter="hci0",state="failed"}'] == 0
     assert not any("wrongkey" in series or plain in series for series in m)  # no device labels
@@ -410,6 +639,55 @@ def test_metrics_show_adapter_resets_and_a_failed_adapter(
     scanning = 'ledge_ble_adapter_state{adapter="hci0",state="scanning"}'
     gw.wait_metric(scanning, 1, "the recovery scraped")
     assert not any(w.startswith("BLE adapter") for w in gw.status()["warnings"])
+
+
+def test_no_system_bus_is_a_failed_adapter_at_once(gateways: list[Gateway], tmp_path: Path) -> None:
+    """The system bus cannot be reached: the adapter is reported failed with the reason
+    at once (metrics, status page, the retained adapter message), not scanning."""
+    gw = Gateway(
+        tmp_path,
+        f'{HTTP}[[ble]]\nname = "t"\naddress = "A4:C1:38:00:00:14"\n',
+        listeners=2,
+        env={"DBUS_SYSTEM_BUS_ADDRESS": f"unix:path={tmp_path}/no-bus-here"},
+    )
+    gateways.append(gw)
+    gw.proc.wait_log(r"ERROR .*ble hci0: adapter failed: cannot reach the system bus")
+    m = gw.wait_metric('ledge_ble_adapter_state{adapter="hci0",state="failed"}', 1, "failed")
+    assert m['ledge_ble_adapter_state{adapter="hci0",state="scanning"}'] == 0
+    assert m['ledge_ble_adapter_failures_total{adapter="hci0"}'] == 1
+    [warning] = [w for w in gw.status()["warnings"] if w.startswith("BLE adapter")]
+    assert warning.startswith("BLE adapter hci0 failed: cannot reach the system bus")
+    state = gw.adapter()
+    assert state["state"] == "failed" and "system bus" in state["reason"]
+
+
+def test_bluez_missing_at_start_is_failed_until_it_comes(
+    system_bus: object, gateways: list[Gateway], tmp_path: Path
+) -> None:
+    """BlueZ is not running when the gateway starts: failed at once (even with the
+    silence watchdog off); when BlueZ appears the scanner starts and adverts end it."""
+    gw = Gateway(
+        tmp_path,
+        f"{HTTP}[bluetooth]\nwatchdog = 0\n"
+        '[[ble]]\nname = "t"\naddress = "A4:C1:38:00:00:15"\nmin_interval = 0\n',
+        listeners=2,
+    )
+    gateways.append(gw)
+    gw.proc.wait_log(r"ERROR .*ble hci0: adapter failed: the scanner did not start")
+    gw.wait_metric('ledge_ble_adapter_state{adapter="hci0",state="failed"}', 1, "failed")
+    # The fake owns org.bluez a moment before its template is loaded: a call in between
+    # is answered with dbusmock's Python traceback as the D-Bus error text, which the
+    # gateway logs as the reason its start failed (and then starts on InterfacesAdded).
+    gw.proc.tracebacks = True
+    bluez = FakeBlueZ()
+    try:
+        gw.proc.wait_log(r"BlueZ \(org.bluez\) is back: restarting the scanner")
+        path = bluez.add_device("A4:C1:38:00:00:15", svc={BTHOME: bthome_temp(1, 1500)})
+        keep_advertising(bluez, gw, path, bthome_temp(2, 1600), "t", 16.0)
+        gw.wait_metric('ledge_ble_adapter_state{adapter="hci0",state="scanning"}', 1, "back")
+        assert not [w for w in gw.status()["warnings"] if w.startswith("BLE adapter")]
+    finally:
+        bluez.terminate()
 
 
 # ---------------------------------------------------------------- watchdog
@@ -604,6 +882,31 @@ def test_ledge_ble_scan_lists_devices_with_their_decoder(bluez: FakeBlueZ) -> No
         capture_output=True, text=True, timeout=30, cwd=REPO, env=dict(os.environ), check=False,
     )  # fmt: skip
     assert 'address = "A4:C1:38:00:00:0A"' in toml.stdout and 'format = "bthome"' in toml.stdout
+
+
+def test_ledge_ble_scan_toml_with_a_bindkey_gives_a_config_that_decrypts(
+    bluez: FakeBlueZ, gateways: list[Gateway], tmp_path: Path
+) -> None:
+    """``--bindkey ADDRESS=KEY --toml`` prints that device's bindkey: the output, pasted
+    as is into a config, decodes the device's encrypted adverts."""
+    address = "A4:C1:38:00:00:0D"
+    key, mac = bytes.fromhex(KEY), mac_bytes(address)
+
+    def sealed(counter: int, centi: int) -> bytes:
+        return bthome.encrypt(bthome_temp(counter, centi), mac, counter, key)
+
+    path = bluez.add_device(address, "SBHT-003C", svc={BTHOME: sealed(1, 1234)})
+    bluez.beacon(path, 50)
+    out = ledge_ble(
+        "scan", "--seconds", "1", "--bindkey", f"{address.lower()}={KEY.upper()}", "--toml"
+    )
+    assert out.returncode == 0, out.stderr
+    assert "# temperature=12.34°C" in out.stdout  # decrypted while scanning
+    assert f'bindkey = "{KEY}"' in out.stdout
+    gw = start(gateways, tmp_path, out.stdout)
+    bluez.advertise(path, svc={BTHOME: sealed(2, 2345)})
+    gw.wait_value("sbht_003c_000d", "temperature", 23.45)
+    assert not [line for line in gw.proc.lines if "_key" in line]  # no_key, wrong_key
 
 
 def loaded_modules(code: str) -> str:

@@ -4,12 +4,16 @@ watchdog, driven with a fake clock."""
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
+import pytest
+
+from drivers.ble import counters
 from drivers.ble.policy import Presence, Publisher
 from drivers.ble.tracker import PACKET_WINDOW, DeviceDecoder
-from drivers.ble.watchdog import Action, State, Watchdog
+from drivers.ble.watchdog import FIRST_RETRY, Action, State, Watchdog
 from drivers.parsers import Sample
-from drivers.parsers.ble import FORMATS, bthome
+from drivers.parsers.ble import FORMATS, bthome, mibeacon
 from drivers.parsers.ble.base import Context, mac_bytes
 from drivers.parsers.ble.ccm import Cipher
 
@@ -51,17 +55,71 @@ def sealed(counter: int, centi: int, key: bytes = KEY) -> bytes:
     return bthome.encrypt(temp(counter & 0xFF, centi), mac_bytes(ADDRESS), counter, key)
 
 
-def test_replayed_counter_is_refused_and_a_restart_is_accepted_after_confirmation() -> None:
-    dec = DeviceDecoder(Context(ADDRESS, cipher=Cipher(KEY)), FORMATS["bthome"])
+def keyed() -> DeviceDecoder:
+    return DeviceDecoder(Context(ADDRESS, cipher=Cipher(KEY)), FORMATS["bthome"])
+
+
+def test_an_encrypted_advert_is_accepted_only_with_a_counter_above_the_last() -> None:
+    dec = keyed()
     assert feed(dec, sealed(100, 1000), 0)[:2] == ([10.0], [])
     assert feed(dec, sealed(101, 1010), 10)[:2] == ([10.1], [])
-    assert feed(dec, sealed(99, 990), 20)[:2] == ([], ["replay"])
-    # the device restarted its counter: three authenticated, growing counters below
-    assert feed(dec, sealed(1, 1), 30)[:2] == ([], ["replay"])
-    assert feed(dec, sealed(2, 2), 40)[:2] == ([], ["replay"])
-    assert feed(dec, sealed(3, 3), 50)[:2] == ([0.03], ["counter_reset"])
-    assert feed(dec, sealed(4, 4), 60)[:2] == ([0.04], [])
-    assert dec.counter == 4
+    assert dec.counter == 101
+
+
+def test_an_equal_counter_is_a_replay() -> None:
+    """The same counter with other bytes (the packet id changed, so it is no repeat of
+    the same bytes): refused, and the counter stays."""
+    dec = keyed()
+    assert feed(dec, sealed(100, 1000), 0)[:2] == ([10.0], [])
+    equal = bthome.encrypt(temp(7, 1111), mac_bytes(ADDRESS), 100, KEY)
+    assert feed(dec, equal, 10)[:2] == ([], ["replay"])
+    assert dec.counter == 100
+
+
+def test_a_smaller_counter_is_a_replay() -> None:
+    dec = keyed()
+    assert feed(dec, sealed(100, 1000), 0)[:2] == ([10.0], [])
+    assert feed(dec, sealed(99, 990), 10)[:2] == ([], ["replay"])
+    assert feed(dec, sealed(0, 0), 20)[:2] == ([], ["replay"])
+    assert dec.counter == 100
+
+
+def test_recorded_consecutive_adverts_never_roll_the_counter_back() -> None:
+    """Three authenticated adverts with growing counters below the last (recorded from
+    the device, or sent by the device after it restarted its counter) are refused, as is
+    any longer run; only the explicit reset lets lower counters in again."""
+    dec = keyed()
+    recorded = [sealed(c, c * 10) for c in (1, 2, 3)]
+    assert [feed(dec, data, n)[:2] for n, data in enumerate(recorded)] == [
+        ([0.1], []),
+        ([0.2], []),
+        ([0.3], []),
+    ]
+    assert feed(dec, sealed(500, 5000), 10)[:2] == ([50.0], [])
+    for n, data in enumerate(recorded * 3):  # played back in order, three times over
+        assert feed(dec, data, 20 + n)[:2] == ([], ["replay"])
+    assert dec.counter == 500
+    assert dec.reset_counter() == 500
+    assert dec.counter is None
+    assert feed(dec, recorded[0], 40)[:2] == ([0.1], [])  # after the reset: believed
+    assert feed(dec, recorded[1], 41)[:2] == ([0.2], [])
+    assert feed(dec, recorded[0], 42)[:2] == ([], ["replay"])  # and guarded again
+    assert dec.counter == 2
+
+
+def test_only_a_fresh_authenticated_element_marks_the_advert_authenticated() -> None:
+    dec = keyed()
+    out = dec.feed({bthome.UUID: sealed(5, 50)}, {}, "", 0)
+    assert out is not None and out.authenticated
+    out = dec.feed({bthome.UUID: sealed(5, 50)}, {}, "", 1)  # BlueZ re-reports it
+    assert out is not None and out.repeats == 1 and not out.authenticated
+    out = dec.feed({bthome.UUID: sealed(4, 40)}, {}, "", 2)
+    assert out is not None and not out.authenticated  # replayed
+    out = dec.feed({bthome.UUID: sealed(6, 60, bytes(16))}, {}, "", 3)
+    assert out is not None and not out.authenticated  # another key
+    out = dec.feed({bthome.UUID: temp(9, 90)}, {}, "", 4)
+    assert out is not None and not out.authenticated  # plain, from a device with a key
+    assert [p.reason for p in out.problems] == ["not_encrypted"]
 
 
 def test_one_decryption_failure_is_tolerated_then_reported() -> None:
@@ -146,3 +204,80 @@ def test_watchdog_bluez_gone_and_back() -> None:
     assert w.counts.bluez_lost == 1
     w.lost(20, "adapter")
     assert w.counts.adapter_lost == 1
+
+
+def test_the_counters_file_round_trips_and_bad_files_are_named(tmp_path: Path) -> None:
+    path = tmp_path / counters.FILE_NAME
+    assert counters.load(path) == {}  # none yet
+    kept = {"A4:C1:38:00:00:01": (counters.fingerprint(KEY), 2**32 - 1)}
+    counters.save(path, kept)
+    assert counters.load(path) == kept
+    assert [p.name for p in tmp_path.iterdir()] == [counters.FILE_NAME]  # no .tmp left
+    assert counters.fingerprint(KEY) != counters.fingerprint(bytes(16))
+    assert KEY.hex() not in path.read_text()
+    for bad, why in [
+        (b"{", "not JSON"),
+        (b"\xff", "not JSON"),
+        (b"[]", "not a version 1 counters file"),
+        (b'{"version": 2, "devices": {}}', "not a version 1 counters file"),
+        (b'{"version": 1}', "no 'devices' table"),
+        (b'{"version": 1, "devices": {"A": {"key": "k", "counter": "1"}}}', "device 'A'"),
+        (b'{"version": 1, "devices": {"A": {"key": "k", "counter": -1}}}', "device 'A'"),
+        (b'{"version": 1, "devices": {"A": {"key": "k", "counter": true}}}', "device 'A'"),
+        (b'{"version": 1, "devices": {"A": {"key": 1, "counter": 1}}}', "device 'A'"),
+        (b'{"version": 1, "devices": {"A": 5}}', "device 'A'"),
+    ]:
+        path.write_bytes(bad)
+        with pytest.raises(counters.CounterFileError, match=why):
+            counters.load(path)
+
+
+def test_watchdog_a_scanner_that_did_not_start_is_failed_at_once() -> None:
+    w = Watchdog(silence=60, backoff_max=240)
+    w.start(0)
+    assert w.start_failed(1, "cannot reach the system bus: no such file") is Action.REPORT_FAILED
+    assert state(w) is State.FAILED and w.reason == "cannot reach the system bus: no such file"
+    assert w.start_failed(2, "the scanner did not start: refused") is None  # reported once
+    assert w.reason == "the scanner did not start: refused" and w.counts.failures == 1
+    assert w.tick(60) is None and w.tick(61) is Action.RETRY  # the backoff of a failure
+    assert w.heard(70) is Action.RECOVERED and state(w) is State.SCANNING
+    w.lost(80, "bluez")
+    assert w.start_failed(81, "the scanner did not start") is None
+    assert state(w) is State.ABSENT and w.reason == "BlueZ (org.bluez) left the system bus"
+
+
+def test_watchdog_off_still_retries_a_scanner_that_did_not_start() -> None:
+    """watchdog = 0 turns off the silence escalation, not the retries of a start that
+    failed (a gateway started before the bus would never scan otherwise)."""
+    w = Watchdog(silence=0, backoff_max=12)
+    w.start(0)
+    assert w.tick(1000) is None  # silence alone: nothing
+    assert w.start_failed(1000, "no bus") is Action.REPORT_FAILED
+    assert w.tick(1000 + FIRST_RETRY - 0.1) is None
+    assert w.tick(1000 + FIRST_RETRY) is Action.RETRY
+    assert w.tick(1000 + FIRST_RETRY + 10) is Action.RETRY  # doubled to 10
+    assert w.tick(1000 + FIRST_RETRY + 21) is None
+    assert w.tick(1000 + FIRST_RETRY + 22) is Action.RETRY  # capped at 12
+
+
+def test_mibeacon_counters_are_guarded_alike() -> None:
+    """MiBeacon v4/v5: the counter is the frame counter and the 3-byte extension."""
+    dec = DeviceDecoder(Context(ADDRESS, cipher=Cipher(KEY)), FORMATS["mibeacon"])
+    mac = mac_bytes(ADDRESS)
+
+    def frame(counter: int, deci: int) -> dict[str, bytes]:
+        plain = mibeacon.encode(
+            0x055B, counter & 0xFF, [(0x1004, struct.pack("<h", deci))], mac=mac
+        )
+        return {mibeacon.UUID: mibeacon.encrypt(plain, mac, counter >> 8, KEY)}
+
+    def fed(counter: int, deci: int, now: float) -> tuple[list[object], list[str]]:
+        out = dec.feed(frame(counter, deci), {}, "", now)
+        assert out is not None
+        return [s.value for s in out.samples], [p.reason for p in out.problems]
+
+    assert fed(0x1234, 215, 0) == ([21.5], [])
+    assert dec.counter == 0x1234
+    assert fed(0x1234, 216, 10) == ([], ["replay"])  # equal, other bytes
+    assert fed(0x1233, 217, 20) == ([], ["replay"])  # smaller
+    assert fed(0x1300, 218, 30) == ([21.8], [])  # the extension carries into the count

@@ -70,3 +70,54 @@ def test_units_are_valid_for_systemd(unit: Path) -> None:
         if line.strip() and "is not executable: No such file or directory" not in line
     ]
     assert not problems, "\n".join(problems)
+
+
+#: The parts of Debian bookworm's bluetooth.service (bluez 5.66-1+deb12u2) that a
+#: drop-in of ExecStart meets: the image's drop-in is checked against them.
+BOOKWORM_BLUETOOTH_SERVICE = """\
+[Unit]
+Description=Bluetooth service
+ConditionPathIsDirectory=/sys/class/bluetooth
+
+[Service]
+Type=dbus
+BusName=org.bluez
+ExecStart=/usr/libexec/bluetooth/bluetoothd
+"""
+
+
+def test_bluez_runs_with_the_experimental_interfaces_for_passive_scanning(
+    tmp_path: Path,
+) -> None:
+    """scanning = "auto" picks passive scanning only where BlueZ offers
+    AdvertisementMonitorManager1, which needs bluetoothd --experimental: the image's
+    drop-in replaces Debian's ExecStart with one that has it, and systemd accepts the
+    pair (a Type=dbus service with two ExecStart lines is refused)."""
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed")
+    assert "bluez" in (REPO / "image" / "packages.txt").read_text().split()
+    drop_in = REPO / "image/rootfs/etc/systemd/system/bluetooth.service.d/ledge.conf"
+    starts = [
+        line.split("=", 1)[1]
+        for line in drop_in.read_text().splitlines()
+        if line.startswith("ExecStart=")
+    ]
+    assert starts == ["", "/usr/libexec/bluetooth/bluetoothd --experimental"]
+    unit = tmp_path / "bluetooth.service"
+    unit.write_text(BOOKWORM_BLUETOOTH_SERVICE)
+    (tmp_path / "bluetooth.service.d").mkdir()
+    shutil.copy(drop_in, tmp_path / "bluetooth.service.d" / "ledge.conf")
+    done = subprocess.run(
+        ["systemd-analyze", "verify", str(unit)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=dict(os.environ, SYSTEMD_LOG_COLOR="0"),
+        timeout=60,
+    )
+    problems = [
+        line
+        for line in (done.stdout + done.stderr).splitlines()
+        if line.strip() and "is not executable: No such file or directory" not in line
+    ]
+    assert not problems, "\n".join(problems)

@@ -107,8 +107,8 @@ PURE_DRIVERS = [
     "drivers/homeassistant.py",
 ]
 #: The third-party packages a pure driver module may use: pydantic for the Reading
-#: contract, cryptography for AES-CCM (encrypted BLE adverts; computation, no I/O).
-DRIVER_THIRD_PARTY = {"pydantic", "cryptography"}
+#: contract.
+DRIVER_THIRD_PARTY = {"pydantic"}
 
 
 def test_drivers_never_import_the_gateway() -> None:

@@ -27,13 +27,8 @@ class Seen:
     manufacturer_data: dict[int, bytes] = field(default_factory=dict)
 
 
-def add_parser(commands: Any) -> None:
-    ble = commands.add_parser(
-        "ble",
-        help="Bluetooth LE tools (scan)",
-        description="Bluetooth LE tools.",
-    )
-    sub = ble.add_subparsers(dest="ble_command", metavar="COMMAND", required=True)
+def add_parser(sub: Any) -> None:
+    """``scan`` among the subcommands ``sub`` of ``ledge ble``."""
     scan = sub.add_parser(
         "scan",
         help="list nearby BLE devices and what Ledge decodes from them",
@@ -63,13 +58,13 @@ def run(args: argparse.Namespace) -> int:
     from drivers.parsers.ble.base import Context
     from drivers.parsers.ble.ccm import Cipher, parse_key
 
-    keys: dict[str, Cipher] = {}
+    keys: dict[str, bytes] = {}
     for item in args.bindkey:
         address, sep, key = item.partition("=")
         try:
             if not sep:
                 raise ValueError("expected ADDRESS=KEY")
-            keys[address.upper()] = Cipher(parse_key(key))
+            keys[address.strip().upper()] = parse_key(key)
         except ValueError as exc:
             print(f"ledge ble scan: --bindkey {item!r}: {exc}", file=sys.stderr)
             return 2
@@ -78,15 +73,16 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # bleak raises several kinds when BlueZ is missing
         print(f"ledge ble scan: cannot scan with {args.adapter}: {exc}", file=sys.stderr)
         return 1
+    ciphers: dict[str, Cipher] = {address: Cipher(key) for address, key in keys.items()}
     rows = []
     for dev in sorted(seen.values(), key=lambda d: -d.rssi):
-        ctx = Context(dev.address, name=dev.name, cipher=keys.get(dev.address))
+        ctx = Context(dev.address, name=dev.name, cipher=ciphers.get(dev.address))
         fmt = recognise(dev.service_data, dev.manufacturer_data, ctx)
         if fmt is None and not args.all:
             continue
         rows.append((dev, fmt, describe(fmt, dev, ctx)))
     if args.toml:
-        print(toml(rows))
+        print(toml(rows, keys))
     else:
         print(table(rows, args.seconds))
     return 0
@@ -144,7 +140,9 @@ def table(rows: list[tuple[Seen, Format | None, str]], seconds: float) -> str:
     return "\n".join(lines)
 
 
-def toml(rows: list[tuple[Seen, Format | None, str]]) -> str:
+def toml(rows: list[tuple[Seen, Format | None, str]], keys: dict[str, bytes]) -> str:
+    """``[[ble]]`` tables for the recognised devices; a device given a key with
+    ``--bindkey`` gets it as its ``bindkey`` (pasted as is, the config decrypts it)."""
     out = []
     for dev, fmt, values in rows:
         if fmt is None:
@@ -161,7 +159,12 @@ def toml(rows: list[tuple[Seen, Format | None, str]]) -> str:
         else:
             out.append(f'address = "{dev.address}"')
         out.append(f'format = "{fmt.name}"')
-        if fmt.encrypted and "no_key" in values:
+        key = keys.get(dev.address)
+        if fmt.encrypted and key is not None:
+            if "wrong_key" in values or "decrypt_retry" in values:
+                out.append("# the key given with --bindkey does not decrypt these adverts")
+            out.append(f'bindkey = "{key.hex()}"')
+        elif fmt.encrypted and "no_key" in values:
             out.append('bindkey = "..."  # the device encrypts: its 32-digit key')
         out.append("")
     return "\n".join(out)

@@ -1,8 +1,10 @@
 """BLE scanning transport: bleak's ``BleakScanner`` on one adapter, plus a D-Bus watch on
 BlueZ itself. Thin: adverts go to a callback untouched; decisions live elsewhere.
 
-``scanning = "auto"`` asks BlueZ whether the adapter offers passive scanning (the
-``org.bluez.AdvertisementMonitorManager1`` interface with ``or_patterns``) and logs
+``scanning = "auto"`` scans actively when a configured device needs it (its values come
+in scan responses, which passive scanning never asks for: Govee); otherwise it asks
+BlueZ whether the adapter offers passive scanning (the
+``org.bluez.AdvertisementMonitorManager1`` interface with ``or_patterns``). It logs
 which mode it chose and why. If the chosen mode cannot start, the other is tried and
 the log says so: the scanner is never left stopped without a line saying why.
 """
@@ -161,10 +163,13 @@ class Scanner:
         scanning: str,
         patterns: list[tuple[int, int, bytes]],
         on_advert: AdvertCallback,
+        needs_active: str = "",
     ) -> None:
         self.adapter = adapter
         self.scanning = scanning
         self.patterns = patterns
+        #: Why the configured devices need active scanning ("": they do not).
+        self.needs_active = needs_active
         self.on_advert = on_advert
         self.bluez = BlueZ(adapter)
         self.scanner: BleakScanner | None = None
@@ -175,6 +180,8 @@ class Scanner:
     async def _choose(self) -> tuple[str, str]:
         if self.scanning != "auto":
             return self.scanning, "configured"
+        if self.needs_active:
+            return "active", self.needs_active
         try:
             passive, why = await self.bluez.passive_support()
         except SCAN_ERRORS as exc:

@@ -6,6 +6,11 @@ advert (even one that only changed the RSSI) arrives with the last service and
 manufacturer data. So an element whose bytes equal the last ones is a repeat and is
 not decoded again; a packet id seen within ``PACKET_WINDOW`` seconds is a repeat too
 (BTHome devices send each packet several times).
+
+An encrypted element is accepted only with an encryption counter strictly above the
+last accepted one. Nothing an advert says lowers that counter: a device that restarted
+its counter (a battery change) is refused until someone resets it explicitly
+(``reset_counter``), because a run of recorded adverts looks exactly like a restart.
 """
 
 from __future__ import annotations
@@ -19,16 +24,14 @@ from drivers.parsers.ble.base import AdvertError, Context, Decode
 
 #: A packet id repeated within this many seconds is the same packet (bthome-ble's rule).
 PACKET_WINDOW: Final = 4.0
-#: Authenticated packets with growing counters below the last accepted one that make
-#: Ledge accept that the device restarted its counter (a battery change).
-COUNTER_RESET_CONFIRMATIONS: Final = 3
 
 
 class Outcome:
     """What one advert gave: samples (events among them), problems to count and log,
-    and how many elements were repeats."""
+    how many elements were repeats, and whether an element was authenticated (decrypted
+    with the bindkey, its counter above the last: the device itself sent it)."""
 
-    __slots__ = ("events", "identity", "problems", "repeats", "samples")
+    __slots__ = ("authenticated", "events", "identity", "problems", "repeats", "samples")
 
     def __init__(self) -> None:
         self.samples: list[Sample] = []
@@ -36,6 +39,7 @@ class Outcome:
         self.problems: list[AdvertError] = []
         self.repeats = 0
         self.identity: str | None = None
+        self.authenticated = False
 
 
 #: How a format's elements are found in an advert: (kind, key, decode), kind 0 service
@@ -58,7 +62,6 @@ class DeviceDecoder:
         "_packet",
         "_packet_at",
         "_plan",
-        "_reset_votes",
         "counter",
         "ctx",
         "format",
@@ -73,9 +76,20 @@ class DeviceDecoder:
         self._last: dict[str | int, bytes] = {}
         self._packet: int | None = None
         self._packet_at = 0.0
+        #: The last accepted encryption counter (None: none accepted yet).
         self.counter: int | None = None
         self._failures = 0
-        self._reset_votes: list[int] = []
+
+    @property
+    def keyed(self) -> bool:
+        """The device has a bindkey: only authenticated adverts are its own."""
+        return self.ctx.cipher is not None
+
+    def reset_counter(self) -> int | None:
+        """Forget the last accepted counter (the explicit reset after a device restarted
+        its counter): the next authenticated advert sets it again. Returns the old one."""
+        old, self.counter = self.counter, None
+        return old
 
     def feed(
         self,
@@ -130,8 +144,10 @@ class DeviceDecoder:
                     exc = AdvertError("decrypt_retry", exc.detail, exc.offset)
             out.problems.append(exc)
             return
-        if decoded.counter is not None and not self._counter_ok(decoded.counter, out):
-            return
+        if decoded.counter is not None:
+            if not self._counter_ok(decoded.counter, out):
+                return
+            out.authenticated = True
         self._failures = 0
         packet = decoded.packet_id
         if packet is not None:
@@ -152,28 +168,19 @@ class DeviceDecoder:
             out.problems.append(decoded.problem)
 
     def _counter_ok(self, counter: int, out: Outcome) -> bool:
-        """Replay protection: an encryption counter must grow. A run of authenticated
-        packets with growing counters below the last one is a device that restarted."""
+        """Replay protection: an encryption counter must be strictly above the last
+        accepted one; equal or smaller is a replay, whatever came before."""
         last = self.counter
         if last is None or counter > last:
             self.counter = counter
-            self._reset_votes.clear()
             return True
-        votes = self._reset_votes
-        if counter != last:
-            if votes and counter > votes[-1]:
-                votes.append(counter)
-            else:
-                votes[:] = [counter]  # a new run starts here
-            if len(votes) >= COUNTER_RESET_CONFIRMATIONS:
-                self.counter = counter
-                votes.clear()
-                out.problems.append(
-                    AdvertError("counter_reset", f"encryption counter restarted at {counter}", 0)
-                )
-                return True
         out.problems.append(
-            AdvertError("replay", f"encryption counter {counter} is not above {last}", 0)
+            AdvertError(
+                "replay",
+                f"encryption counter {counter} is not above {last} (a replayed advert, or "
+                "the device restarted its counter: ledge ble reset-counter)",
+                0,
+            )
         )
         return False
 

@@ -10,13 +10,20 @@ step per further ``silence`` seconds without adverts:
 
 The first advert after any step ends the episode (``recovered``). BlueZ leaving the
 bus or the adapter disappearing puts the watchdog straight into the failed state
-(it is reported at once); their return asks for an immediate restart.
+(it is reported at once); their return asks for an immediate restart. So does a
+scanner that does not start (no system bus, no BlueZ, no adapter): the state says
+``failed`` with the reason at once, and the start is retried with the backoff -- even
+with the silence watchdog off, since a scanner that never started is not a silence.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Final
+
+#: Seconds before the first retry of a failed adapter when the silence watchdog is off.
+FIRST_RETRY: Final = 5.0
 
 
 class State(StrEnum):
@@ -77,7 +84,7 @@ class Watchdog:
 
     def tick(self, now: float) -> Action | None:
         """What to do now, if anything (call it about once a second)."""
-        if self.silence <= 0:
+        if self.silence <= 0 and self.state not in (State.FAILED, State.ABSENT):
             return None
         quiet_since = max(self.last_heard, self.step_at)
         if self.state is State.SCANNING:
@@ -106,10 +113,21 @@ class Watchdog:
     def _fail(self, now: float, reason: str, state: State = State.FAILED) -> Action:
         self.state = state
         self.step_at = now
-        self.backoff = min(self.silence, self.backoff_max)
+        self.backoff = min(self.silence if self.silence > 0 else FIRST_RETRY, self.backoff_max)
         self.reason = reason
         self.counts.failures += 1
         return Action.REPORT_FAILED
+
+    def start_failed(self, now: float, reason: str) -> Action | None:
+        """The scanner did not start: failed now (``REPORT_FAILED``) unless it already
+        is; then only the reason is brought up to date (BlueZ's absence stays the
+        reason while it lasts)."""
+        if self.state is State.ABSENT:
+            return None
+        if self.state is State.FAILED:
+            self.reason = reason
+            return None
+        return self._fail(now, reason)
 
     def lost(self, now: float, what: str) -> Action:
         """BlueZ left the bus (``what`` = "bluez") or the adapter was removed."""

@@ -28,6 +28,7 @@ BTHOME_NAMES = {
     "uv_index": "uv_index",
     "volume_flow_rate": "volume_flow_rate",
     "gyroscope": "gyroscope",
+    "command": "remote_command",
 }
 BTHOME_BINARY_NAMES = {
     "power": "power_on",
@@ -105,7 +106,7 @@ def bthome(
         )
         out[label] = v.isoformat() if isinstance(v, datetime) else v
     for key_, event in update.events.items():
-        out[str(key_.key)] = event.event_type
+        out[BTHOME_NAMES.get(str(key_.key), str(key_.key))] = event.event_type
         if event.event_properties and "steps" in event.event_properties:
             steps = str(key_.key).replace("dimmer", "dimmer_steps", 1)
             out[steps] = event.event_properties["steps"]
