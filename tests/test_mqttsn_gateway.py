@@ -542,6 +542,26 @@ def test_a_will_topic_the_acl_forbids_refuses_the_connect() -> None:
     assert dev.connect("d1", will=("devices/d1/status", b"", 0, False)).return_code == 0
 
 
+def test_a_will_under_sys_is_refused_except_the_devices_own_connection_state() -> None:
+    """The one rule MQTT clients have: ``$SYS/broker/connection/<own id>/state`` may
+    be written (a bridge's notification), nothing else under ``$SYS``."""
+    h = SnHarness()
+    w = watcher(h, "$SYS/broker/connection/#")
+    dev = h.device()
+    for topic in ("$SYS/broker/uptime", "$SYS/broker/connection/other/state"):
+        assert dev.connect("d1", will=(topic, b"0", 0, False)).return_code == (
+            ReturnCode.NOT_SUPPORTED
+        )
+    own = "$SYS/broker/connection/d1/state"
+    assert dev.connect("d1", duration=10, will=(own, b"0", 1, True)).return_code == 0
+    dev.send(WillTopicUpd("$SYS/broker/load", 0, False))
+    assert dev.expect(WillTopicResp) == WillTopicResp(ReturnCode.NOT_SUPPORTED)
+    dev.send(WillTopicUpd(own, 1, True))
+    assert dev.expect(WillTopicResp) == WillTopicResp(ReturnCode.ACCEPTED)
+    h.advance(16)  # lost: its will is published
+    assert mqtt_messages(w) == [(own, b"0", 1, False)]
+
+
 # ---------------------------------------------------------------------- sleeping clients (6.14)
 
 

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Final
 from gateway.broker.buckets import SourceBuckets, TokenBucket
 from gateway.broker.logins import address_key
 from gateway.broker.proxy import INVALID, NO_ROOM, NOT_AUTHORIZED, ProxyClient
+from gateway.broker.publish_policy import sys_write_refused
 from gateway.broker.ratelog import RateLimitedLog
 from gateway.broker.timers import Handle, Timers
 from gateway.mqtt.topics import has_wildcard, topic_name_error
@@ -730,7 +731,7 @@ class Gateway:
             self.connecting -= 1
         if client.will is not None:
             rules = self._rules(client)
-            if client.will.topic.startswith("$SYS") or (
+            if sys_write_refused(client.will.topic, client.client_id) or (
                 rules is not None and not rules.can_write(client.will.topic)
             ):
                 self.stats.clients_refused += 1
@@ -821,7 +822,7 @@ class Gateway:
         rules = self._rules(client)
         if (
             topic_name_error(packet.topic)
-            or packet.topic.startswith("$SYS")
+            or sys_write_refused(packet.topic, client.client_id)
             or (rules is not None and not rules.can_write(packet.topic))
         ):
             self._send(client, WillTopicResp(ReturnCode.NOT_SUPPORTED))
