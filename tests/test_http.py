@@ -276,6 +276,47 @@ def test_hostile_requests_get_their_status_and_mqtt_clients_never_notice(
     canary.check()
 
 
+HEAD_REFUSALS = [
+    # (what, request, status): h11 reads some of these and not others (no Host, a head
+    # still arriving past the bound, a timeout); each must be answered all the same.
+    ("headers over the bound", b"HEAD / HTTP/1.1\r\n" + H + b"X-Big: " + b"a" * 4000 + b"\r\n\r\n",
+     431),
+    ("headers over the bound, unfinished", b"HEAD / HTTP/1.1\r\n" + H + b"X-Big: " + b"a" * 4000,
+     431),
+    ("a body", b"HEAD / HTTP/1.1\r\nHost: gw1\r\nContent-Length: 5\r\n\r\nhello", 413),
+    ("chunked", b"HEAD / HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 413),
+    ("no Host", b"HEAD / HTTP/1.1\r\n\r\n", 400),
+    ("absolute form", b"HEAD http://evil.example/ HTTP/1.1\r\nHost: gw1\r\n\r\n", 400),
+    ("bad version", b"HEAD / HTTP/9.9\r\nHost: gw1\r\n\r\n", 505),
+    ("a head that never ends", b"HEAD / HTTP/1.1\r\nHost: gw1\r\n", 408),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def shared_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LedgeProcess]:
+    """One gateway for tests that each use their own connections and leave no state."""
+    proc = start(tmp_path_factory.mktemp("http"))
+    yield proc
+    assert proc.stop() == 0
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [(r, s) for _, r, s in HEAD_REFUSALS],
+    ids=[what for what, _, _ in HEAD_REFUSALS],
+)
+def test_a_refused_head_request_gets_its_status_without_a_body(
+    shared_gateway: LedgeProcess, request_bytes: bytes, status: int
+) -> None:
+    with Client(http_port(shared_gateway), timeout=30) as client:
+        client.send(request_bytes)
+        answer = client.answer(head=True)
+        assert answer.status == status
+        assert answer.headers["connection"] == "close"
+        # Nothing follows the head: no body, then the end of the connection.
+        assert answer.closed
+
+
 def test_slowloris_gets_408_at_the_request_timeout(gateway: LedgeProcess) -> None:
     port = http_port(gateway)
     canary = Canary(gateway.port)

@@ -61,6 +61,8 @@ CREDENTIAL_TTL: Final = 60.0
 WRITE_HIGH: Final = 256 * 1024
 #: A bearer token shorter than this is refused (it would be guessable).
 MIN_TOKEN_LENGTH: Final = 16
+#: How a HEAD request starts.
+_HEAD: Final = b"HEAD "
 
 
 def read_token(path: Path) -> str:
@@ -355,6 +357,9 @@ class HTTPProtocol(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         #: The current request head has started arriving (its time limit runs).
         self._started = False
+        #: Its first bytes: a HEAD request that h11 could not read is still answered as
+        #: one, without a body.
+        self._prefix = b""
 
     # ------------------------------------------------------------------ connection
 
@@ -443,6 +448,8 @@ class HTTPProtocol(asyncio.Protocol):
         if not self._started and data:
             self._started = True
             self._arm(self.server.settings.request_timeout)
+        if len(self._prefix) < len(_HEAD):
+            self._prefix = (self._prefix + data)[: len(_HEAD)]
         self.conn.receive_data(data)
         if self.busy is None:
             self._process()
@@ -452,7 +459,7 @@ class HTTPProtocol(asyncio.Protocol):
             try:
                 event = self.conn.next_event()
             except h11.RemoteProtocolError as exc:
-                self._send_error(exc.error_status_hint)
+                self._send_error(exc.error_status_hint)  # no request read: see _prefix
                 return
             if event is h11.NEED_DATA:
                 return
@@ -472,23 +479,23 @@ class HTTPProtocol(asyncio.Protocol):
         size = len(request.method) + len(request.target) + 12
         size += sum(len(name) + len(value) + 4 for name, value in request.headers)
         if size > self.server.settings.max_header_bytes:
-            self._send_error(431)
+            self._send_error(431, request=request)
             return
         if request.http_version not in (b"1.0", b"1.1"):
-            self._send_error(505)
+            self._send_error(505, request=request)
             return
         method = request.method
         if method not in (b"GET", b"HEAD"):
-            self._send_error(405, (("allow", "GET, HEAD"),))
+            self._send_error(405, (("allow", "GET, HEAD"),), request=request)
             return
         if any(
             name == b"transfer-encoding" or (name == b"content-length" and value != b"0")
             for name, value in request.headers
         ):
-            self._send_error(413)  # nothing here takes a body
+            self._send_error(413, request=request)  # nothing here takes a body
             return
         if not request.target.startswith(b"/"):
-            self._send_error(400)  # origin-form only (RFC 9112 3.2.1)
+            self._send_error(400, request=request)  # origin-form only (RFC 9112 3.2.1)
             return
         auth = None
         for name, value in request.headers:
@@ -538,16 +545,22 @@ class HTTPProtocol(asyncio.Protocol):
 
     # ------------------------------------------------------------------ output
 
-    def _send(self, response: Response, head: bool, close: bool = False) -> None:
+    def _send(
+        self, response: Response, head: bool, close: bool = False, *, read: bool = True
+    ) -> None:
+        """Answer: ``head`` leaves the body out. ``read`` says h11 read the request; a
+        HEAD it did not read has no Content-Length either (h11 would expect that many
+        bytes of body), and ends with the connection (RFC 9110 9.3.2 allows that)."""
         transport = self.transport
         self.busy = None
         if transport is None or self.closing:
             return
         self.server.count(response.status)
         close = close or self.requests >= self.server.settings.max_requests
+        length = [] if head and not read else [("content-length", str(len(response.body)))]
         headers = [
             ("content-type", response.content_type),
-            ("content-length", str(len(response.body))),
+            *length,
             ("cache-control", "no-store"),
             ("x-content-type-options", "nosniff"),
             *response.headers,
@@ -577,7 +590,9 @@ class HTTPProtocol(asyncio.Protocol):
         conn = self.conn
         if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
             conn.start_next_cycle()
-            self._started = bool(conn.trailing_data[0])
+            pending = conn.trailing_data[0]
+            self._started = bool(pending)
+            self._prefix = pending[: len(_HEAD)]
             self._arm(
                 self.server.settings.request_timeout
                 if self._started
@@ -586,12 +601,22 @@ class HTTPProtocol(asyncio.Protocol):
         elif conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
             self._close()
 
-    def _send_error(self, status: int, headers: tuple[tuple[str, str], ...] = ()) -> None:
-        """A request that breaks a rule: answer (when h11 still can) and close."""
+    def _send_error(
+        self,
+        status: int,
+        headers: tuple[tuple[str, str], ...] = (),
+        *,
+        request: h11.Request | None = None,
+    ) -> None:
+        """A request that breaks a rule: answer and close. ``request``: what h11 read
+        of it (None: it could not, or the head never finished); a HEAD request gets
+        its answer without a body either way."""
         if self.closing or self.transport is None:
             return
+        read = request is not None
+        head = (request.method if request is not None else self._prefix.rstrip()) == b"HEAD"
         body = f"{status} {_reason(status).decode()}\n".encode()
-        self._send(Response(status, body, headers=headers), False, close=True)
+        self._send(Response(status, body, headers=headers), head, close=True, read=read)
         self._close()
 
     def _close(self) -> None:
