@@ -868,14 +868,28 @@ class HTTPSource:
         self.http = http
 
     def samples(self) -> Iterator[Sample]:
-        st = self.http.stats
-        yield gauge("ledge_http_connections", "HTTP connections open now.", st.connections)
+        http = self.http
+        st = http.stats
+        yield gauge("ledge_http_connections", "HTTP connections open now.", len(http.admission))
+        yield gauge(
+            "ledge_http_connections_unfinished",
+            "HTTP connections without a complete request now.",
+            http.admission.unfinished,
+        )
         yield counter("ledge_http_connections_total", "HTTP connections accepted.", st.accepted)
         yield counter(
             "ledge_http_connections_refused_total",
-            "HTTP connections refused: too many open or in their TLS handshake.",
+            "HTTP connections refused (503): every connection was being answered, or "
+            "too many were in their TLS handshake.",
             st.refused,
         )
+        for reason, count in st.evicted.items():
+            yield counter(
+                "ledge_http_connections_evicted_total",
+                "HTTP connections waiting for a request closed to admit a newer one, by reason.",
+                count,
+                reason=reason,
+            )
         yield counter(
             "ledge_http_request_timeouts_total",
             "HTTP requests whose head did not arrive in time.",
