@@ -459,6 +459,13 @@ class BridgeSource:
                 b.inflight,
                 bridge=name,
             )
+            yield gauge(
+                "ledge_bridge_window",
+                "Messages that may be unacknowledged at once: the remote's receive "
+                "maximum, at most max_inflight.",
+                b.window,
+                bridge=name,
+            )
             yield counter(
                 "ledge_bridge_messages_queued_total",
                 "Messages that entered the outbox.",
@@ -666,6 +673,27 @@ class BleSource:
         counts = ble.counts
         yield counter("ledge_ble_adverts_total", "BLE adverts received.", counts["adverts"])
         yield counter(
+            "ledge_ble_device_adverts_total",
+            "Adverts of configured devices (summed over devices).",
+            sum(d.stats.adverts for d in devices),
+        )
+        yield counter(
+            "ledge_ble_callback_errors_total",
+            "Adverts the driver failed on (a bug, logged): not queued or not read.",
+            counts["callback errors"],
+        )
+        gatt = [d.gatt for d in devices if d.gatt is not None]
+        yield gauge(
+            "ledge_ble_gatt_connected",
+            "GATT devices connected now.",
+            sum(1 for g in gatt if g.connected),
+        )
+        yield counter(
+            "ledge_ble_gatt_sessions_total",
+            "GATT connections made (summed over devices).",
+            sum(g.sessions for g in gatt),
+        )
+        yield counter(
             "ledge_ble_adverts_repeated_total",
             "Adverts of configured devices that repeated one already read.",
             sum(d.stats.repeats for d in devices),
@@ -727,6 +755,18 @@ class BleSource:
             "ledge_ble_adapter_failures_total",
             "Times the adapter was reported failed (resets did not bring adverts back).",
             w.counts.failures,
+            adapter=adapter,
+        )
+        yield counter(
+            "ledge_ble_adapter_retries_total",
+            "Times the watchdog tried a failed or absent adapter again (with backoff).",
+            w.counts.retries,
+            adapter=adapter,
+        )
+        yield counter(
+            "ledge_ble_adapter_recoveries_total",
+            "Times adverts came back after the watchdog stepped in.",
+            w.counts.recoveries,
             adapter=adapter,
         )
         for what, value in (("bluez", w.counts.bluez_lost), ("adapter", w.counts.adapter_lost)):
