@@ -195,7 +195,7 @@ SYS_ELSEWHERE = {
     "version": "ledge_build_info{version}",
     "uptime": "ledge_uptime_seconds (the $SYS text says '<n> seconds')",
     "clients/disconnected": "ledge_sessions{state='offline'} plus in-process sessions",
-    "publish/messages/dropped": "the sum of ledge_messages_dropped_total",
+    "publish/messages/dropped": "the sum of ledge_messages_dropped_total (checked below)",
     "bridge/<bridge>/address": "text: on the status page",
     "sensors/ble/adapter/adapter": "the adapter label",
     "sensors/ble/adapter/state": "ledge_ble_adapter_state{state} is 1 (checked below)",
@@ -299,12 +299,13 @@ def everything_world() -> World:
 
     from drivers.model import now_utc
 
-    w, _clients = busy_world(
+    w, (_old, pub) = busy_world(
         ble=(
             BleDeviceSettings("t1", address="A4:C1:38:00:00:01", format="bthome"),
             BleDeviceSettings("g1", address="A4:C1:38:00:00:02", format="lywsd03mmc"),
         )
     )
+    pub.publish("a/c", b"z")  # QoS 0 for the offline session: dropped, not queued
     ble = w.hub.ble
     assert ble is not None
 
@@ -377,8 +378,12 @@ def test_every_sys_value_has_its_metric_with_the_same_value() -> None:
     sys_values = w.broker.sys_values(w.h.now)
     state = sys_values["$SYS/broker/sensors/ble/adapter/state"]
     assert v.get("ledge_ble_adapter_state", state=state) == 1
+    assert float(sys_values["$SYS/broker/publish/messages/dropped"]) == v.total(
+        "ledge_messages_dropped_total"
+    )
     # What the world caused, so that a metric that reads the wrong counter fails here.
     assert v.get("ledge_messages_dropped_total", reason="queue_full") == 1
+    assert v.get("ledge_messages_dropped_total", reason="offline_qos0") == 1
     assert v.get("ledge_protocol_errors_total") == 1
     assert v.get("ledge_messages_denied_total") == 2
     assert v.get("ledge_connections_refused_total") == 1
