@@ -642,3 +642,25 @@ def test_promtool_accepts_the_mqttsn_metrics_and_the_page_shows_their_drops() ->
     assert not promtool_problems(text)
     assert 'ledge_mqttsn_messages_dropped_total{reason="queue_full"} 3' in text
     assert collector.status()["drops"]["mqttsn: queue full"] == 3
+
+
+def test_a_ble_device_is_present_or_away_and_a_beacon_away_is_no_fault() -> None:
+    w = World(
+        ble=(
+            BleDeviceSettings("keys", beacon="e2c56db5-dffb-48d2-b060-d0f5a71096e0/1/2"),
+            BleDeviceSettings("t1", address="A4:C1:38:00:00:01", format="bthome"),
+            BleDeviceSettings("t2", address="A4:C1:38:00:00:02", format="bthome"),
+        )
+    )
+    ble = w.hub.ble
+    assert ble is not None
+    for device in ble.devices.values():
+        device.presence.start()  # as the driver does: away until heard
+    ble.devices["t1"].presence.heard(w.h.now)
+    doc = w.collector.status()
+    states = {d["name"]: (d["state"], d["online"], d["presence"]) for d in doc["devices"]}
+    assert states["keys"] == ("away", False, True)
+    assert states["t1"] == ("present", True, False)
+    assert states["t2"] == ("away", False, False)
+    assert "ble device t2 is away" in doc["warnings"]
+    assert not [x for x in doc["warnings"] if "keys" in x]

@@ -23,6 +23,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -528,6 +529,8 @@ class BridgeSource:
                     state=b.state,
                     address=b.address,
                     last_error=b.last_error,
+                    last_error_at=b.last_error_at,
+                    since=b.since,
                     queued=b.outbox.count,
                     bytes=b.outbox.bytes,
                     max_messages=b.outbox.settings.max_messages,
@@ -589,18 +592,18 @@ class SensorSource:
             driver="serial",
         )
 
-    def _devices(self) -> Iterator[tuple[str, str, bool, dict[str, Reading]]]:
-        """Every device as (driver, name, online, newest reading per quantity)."""
+    def _devices(self) -> Iterator[tuple[str, str, DeviceState, dict[str, Reading]]]:
+        """Every device as (driver, name, its state, newest reading per quantity)."""
         for name, sensor in self.hub.sensors.items():
-            yield "serial", name, sensor.port.connected, sensor.last
+            yield "serial", name, DeviceState(sensor.port.connected), sensor.last
         ble = self.hub.ble
         if ble is not None:
             for name, device in ble.devices.items():
-                yield "ble", name, _ble_online(device), device.last
+                yield "ble", name, _ble_state(device), device.last
 
     def tick(self) -> None:
         """Add each quantity's newest numeric reading (if new) to its history."""
-        for driver, name, _online, last in self._devices():
+        for driver, name, _state, last in self._devices():
             for quantity, reading in last.items():
                 key = (driver, name, quantity)
                 if self._seen.get(key) is reading:
@@ -616,13 +619,15 @@ class SensorSource:
 
     def status(self) -> StatusPart:
         devices = []
-        for driver, name, online, last in self._devices():
+        for driver, name, state, last in self._devices():
             seen = max((r.timestamp.timestamp() for r in last.values()), default=None)
             devices.append(
                 DeviceStatus(
                     driver=driver,
                     name=name,
-                    online=online,
+                    online=state.online,
+                    state=state.words,
+                    presence=state.presence,
                     last_seen=seen,
                     values=tuple(
                         ValueStatus(
@@ -638,11 +643,30 @@ class SensorSource:
         return StatusPart(devices=tuple(devices))
 
 
+@dataclass(frozen=True, slots=True)
+class DeviceState:
+    online: bool
+    #: In words ("": connected or disconnected, by ``online``).
+    words: str = ""
+    #: What it reports is its presence (a beacon): away is not a fault.
+    presence: bool = False
+
+
 def _ble_online(device: BleDevice) -> bool:
     """A GATT device while connected; an advertising one while it is heard."""
     if device.gatt is not None:
         return device.gatt.connected
     return device.presence.home is not False
+
+
+def _ble_state(device: BleDevice) -> DeviceState:
+    """A GATT device is connected or not; an advertising one is present, away, or not
+    heard yet (since the gateway started)."""
+    if device.gatt is not None:
+        return DeviceState(device.gatt.connected)
+    home = device.presence.home
+    words = "not heard yet" if home is None else "present" if home else "away"
+    return DeviceState(home is not False, words, device.settings.beacon_like)
 
 
 class BleSource:
