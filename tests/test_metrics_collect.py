@@ -4,18 +4,22 @@ and ``promtool`` accepts the whole exposition."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
 
+from drivers.model import Reading
+from gateway.ble_settings import BleDeviceSettings
 from gateway.bridge.link import Bridge
 from gateway.bridge.sequence import Sequence
 from gateway.bridge.settings import BridgeSettings, RuleSettings
 from gateway.broker.auth import ListenerPolicy, PasswordAuthenticator
 from gateway.metrics.collect import (
     HISTORY,
+    BleSource,
     BridgeSource,
     BrokerSource,
     Collector,
@@ -44,8 +48,9 @@ from tests.support.mqttsn import SnHarness
 from tests.support.prometheus import promtool_problems
 
 #: ``$SYS/broker/<topic>`` -> (metric, labels): the value must be the same. Counts of
-#: drops by reason are compared one by one; ``None`` labels mean "sum of the family".
-SYS_METRICS: dict[str, tuple[str, dict[str, str] | None]] = {
+#: drops by reason are compared one by one; ``None`` labels mean "sum of the family",
+#: a list of label sets the sum of those series.
+SYS_METRICS: dict[str, tuple[str, dict[str, str] | list[dict[str, str]] | None]] = {
     "clients/connected": ("ledge_clients_connected", None),
     "clients/total": ("ledge_sessions", None),
     "clients/maximum": ("ledge_clients_maximum", {}),
@@ -86,25 +91,154 @@ SYS_METRICS: dict[str, tuple[str, dict[str, str] | None]] = {
     "taps/failed": ("ledge_taps_failed_total", {}),
     "taps/dropped": ("ledge_taps_dropped_total", {}),
     "taps/waiting": ("ledge_taps_waiting", {}),
+    # Per bridge: ``<bridge>`` is the bridge label.
+    "bridge/<bridge>/queued": ("ledge_bridge_outbox_messages", {"bridge": "<bridge>"}),
+    "bridge/<bridge>/bytes": ("ledge_bridge_outbox_bytes", {"bridge": "<bridge>"}),
+    "bridge/<bridge>/sent": ("ledge_bridge_messages_sent_total", {"bridge": "<bridge>"}),
+    "bridge/<bridge>/acknowledged": (
+        "ledge_bridge_messages_acknowledged_total",
+        {"bridge": "<bridge>"},
+    ),
+    "bridge/<bridge>/inflight": ("ledge_bridge_inflight", {"bridge": "<bridge>"}),
+    "bridge/<bridge>/window": ("ledge_bridge_window", {"bridge": "<bridge>"}),
+    "bridge/<bridge>/dropped": (
+        "ledge_bridge_messages_dropped_total",
+        [
+            {"bridge": "<bridge>", "reason": reason}
+            for reason in ("outbox_full", "expired", "qos0_offline", "rejected")
+        ],
+    ),
+    "bridge/<bridge>/dropped/full": (
+        "ledge_bridge_messages_dropped_total",
+        {"bridge": "<bridge>", "reason": "outbox_full"},
+    ),
+    "bridge/<bridge>/dropped/expired": (
+        "ledge_bridge_messages_dropped_total",
+        {"bridge": "<bridge>", "reason": "expired"},
+    ),
+    "bridge/<bridge>/dropped/qos 0 offline": (
+        "ledge_bridge_messages_dropped_total",
+        {"bridge": "<bridge>", "reason": "qos0_offline"},
+    ),
+    "bridge/<bridge>/dropped/rejected": (
+        "ledge_bridge_messages_dropped_total",
+        {"bridge": "<bridge>", "reason": "rejected"},
+    ),
+    "bridge/<bridge>/dropped/loops": (
+        "ledge_bridge_messages_dropped_total",
+        {"bridge": "<bridge>", "reason": "loop"},
+    ),
+    "bridge/<bridge>/refused": ("ledge_bridge_messages_refused_total", {"bridge": "<bridge>"}),
+    "bridge/<bridge>/received": ("ledge_bridge_messages_received_total", {"bridge": "<bridge>"}),
+    "bridge/<bridge>/oldest message age": (
+        "ledge_bridge_outbox_oldest_age_seconds",
+        {"bridge": "<bridge>"},
+    ),
+    "bridge/<bridge>/connects": ("ledge_bridge_connects_total", {"bridge": "<bridge>"}),
+    # Per sensor device: the values of every ``<device>`` are summed (devices are
+    # never a label).
+    "sensors/serial/<device>/connected": (
+        "ledge_sensor_devices",
+        {"driver": "serial", "state": "connected"},
+    ),
+    "sensors/serial/<device>/lines": ("ledge_sensor_lines_total", {"driver": "serial"}),
+    "sensors/serial/<device>/readings": ("ledge_sensor_readings_total", {"driver": "serial"}),
+    "sensors/serial/<device>/bad lines": (
+        "ledge_sensor_bad_lines_total",
+        {"driver": "serial", "reason": "unreadable"},
+    ),
+    "sensors/serial/<device>/garbage bytes": (
+        "ledge_sensor_skipped_bytes_total",
+        {"driver": "serial"},
+    ),
+    "sensors/ble/<device>/adverts": ("ledge_ble_device_adverts_total", {}),
+    "sensors/ble/<device>/readings": ("ledge_sensor_readings_total", {"driver": "ble"}),
+    "sensors/ble/<device>/repeats": ("ledge_ble_adverts_repeated_total", {}),
+    "sensors/ble/<device>/connected": ("ledge_ble_gatt_connected", {}),
+    "sensors/ble/<device>/sessions": ("ledge_ble_gatt_sessions_total", {}),
+    "sensors/ble/<device>/errors/<reason>": ("ledge_ble_errors_total", {"reason": "<reason>"}),
+    # The BLE adapter.
+    "sensors/ble/adapter/restarts": (
+        "ledge_ble_adapter_resets_total",
+        {"adapter": "hci0", "action": "restart"},
+    ),
+    "sensors/ble/adapter/power cycles": (
+        "ledge_ble_adapter_resets_total",
+        {"adapter": "hci0", "action": "power_cycle"},
+    ),
+    "sensors/ble/adapter/failures": ("ledge_ble_adapter_failures_total", {"adapter": "hci0"}),
+    "sensors/ble/adapter/retries": ("ledge_ble_adapter_retries_total", {"adapter": "hci0"}),
+    "sensors/ble/adapter/recoveries": (
+        "ledge_ble_adapter_recoveries_total",
+        {"adapter": "hci0"},
+    ),
+    "sensors/ble/adapter/bluez lost": (
+        "ledge_ble_adapter_lost_total",
+        {"adapter": "hci0", "what": "bluez"},
+    ),
+    "sensors/ble/adapter/adapter lost": (
+        "ledge_ble_adapter_lost_total",
+        {"adapter": "hci0", "what": "adapter"},
+    ),
+    "sensors/ble/adapter/adverts": ("ledge_ble_adverts_total", {}),
+    "sensors/ble/adapter/dropped": ("ledge_ble_adverts_dropped_total", {"reason": "queue_full"}),
+    "sensors/ble/adapter/queue dropped": (
+        "ledge_ble_adverts_dropped_total",
+        {"reason": "queue_full"},
+    ),
+    "sensors/ble/adapter/unknown devices": ("ledge_ble_unknown_devices", {}),
+    "sensors/ble/adapter/unknown evicted": ("ledge_ble_unknown_devices_evicted_total", {}),
+    "sensors/ble/adapter/devices refused": ("ledge_ble_devices_refused_total", {}),
+    "sensors/ble/adapter/callback errors": ("ledge_ble_callback_errors_total", {}),
 }
 #: $SYS values with no metric of their own, and why.
 SYS_ELSEWHERE = {
     "version": "ledge_build_info{version}",
     "uptime": "ledge_uptime_seconds (the $SYS text says '<n> seconds')",
     "clients/disconnected": "ledge_sessions{state='offline'} plus in-process sessions",
-    "publish/messages/dropped": "the sum of ledge_messages_dropped_total",
+    "publish/messages/dropped": "the sum of ledge_messages_dropped_total (checked below)",
+    "bridge/<bridge>/address": "text: on the status page",
+    "sensors/ble/adapter/adapter": "the adapter label",
+    "sensors/ble/adapter/state": "ledge_ble_adapter_state{state} is 1 (checked below)",
+    "sensors/ble/adapter/mode": "text: in the adapter's retained state message",
+    "sensors/ble/adapter/reason": "text: on the status page while failed",
+    "sensors/ble/<device>/rssi": "a reading of the device, not a count",
+    "sensors/ble/<device>/present": "ledge_sensor_devices{driver='ble',state}: a GATT device "
+    "counts there by its connection",
 }
+#: A $SYS key -> its pattern in the tables above, and the labels it fills in.
+_PER_THING = (
+    re.compile(r"(bridge)/(?P<bridge>[^/]+)/(?P<rest>.+)"),
+    re.compile(r"(sensors/ble)/(?!adapter/)(?P<device>[^/]+)/errors/(?P<reason>.+)"),
+    re.compile(r"(sensors/(?:serial|ble))/(?!adapter/)(?P<device>[^/]+)/(?P<rest>.+)"),
+)
+
+
+def sys_pattern(key: str) -> tuple[str, dict[str, str]]:
+    """``bridge/cloud/sent`` -> (``bridge/<bridge>/sent``, {``<bridge>``: ``cloud``})."""
+    for pattern in _PER_THING:
+        m = pattern.fullmatch(key)
+        if m is None:
+            continue
+        found = m.groupdict()
+        if "reason" in found:
+            return f"{m.group(1)}/<device>/errors/<reason>", {"<reason>": found["reason"]}
+        if "bridge" in found:
+            return f"bridge/<bridge>/{found['rest']}", {"<bridge>": found["bridge"]}
+        return f"{m.group(1)}/<device>/{found['rest']}", {}
+    return key, {}
 
 
 class World:
     """A broker with clients, sensors and taps, and a collector over all of it."""
 
-    def __init__(self) -> None:
+    def __init__(self, ble: tuple[BleDeviceSettings, ...] = ()) -> None:
         self.h = Harness(max_queued_messages=2)
         self.broker = self.h.broker
         settings = RuntimeConfig(
             gateway=GatewaySettings("gw1"),
             serial=(SerialSettings("env", "/dev/null-not-opened", protocol="kv"),),
+            ble=ble,
         ).sensors
         self.hub = SensorHub(self.broker, settings, lambda: self.h.now)
         self.taps = TapPlane(self.broker, lambda: self.h.now, [], queue_size=5)
@@ -123,9 +257,9 @@ class World:
         return Values(self.collector.samples())
 
 
-def busy_world() -> tuple[World, list[FakeClient]]:
+def busy_world(ble: tuple[BleDeviceSettings, ...] = ()) -> tuple[World, list[FakeClient]]:
     """Clients of both versions publishing, subscribing, retaining, and every drop."""
-    w = World()
+    w = World(ble)
     h = w.h
     sub = h.client(MQTT_5)
     sub.connect("sub", clean_start=False, session_expiry_interval=300)
@@ -154,26 +288,113 @@ def busy_world() -> tuple[World, list[FakeClient]]:
     return w, [old, pub]
 
 
+BTHOME = "0000fcd2-0000-1000-8000-00805f9b34fb"
+
+
+def everything_world() -> World:
+    """The busy world, plus a bridge that has worked a little and BLE devices (an
+    advertising one, a GATT one) that were heard, with errors, strangers and an
+    adapter the watchdog had to step in for."""
+    from bleak.backends.device import BLEDevice
+    from bleak.backends.scanner import AdvertisementData
+
+    from drivers.model import now_utc
+
+    w, (_old, pub) = busy_world(
+        ble=(
+            BleDeviceSettings("t1", address="A4:C1:38:00:00:01", format="bthome"),
+            BleDeviceSettings("g1", address="A4:C1:38:00:00:02", format="lywsd03mmc"),
+        )
+    )
+    pub.publish("a/c", b"z")  # QoS 0 for the offline session: dropped, not queued
+    ble = w.hub.ble
+    assert ble is not None
+
+    def advert(address: str, service_data: dict[str, bytes]) -> None:
+        readings: list[Reading] = []
+        data = AdvertisementData(None, {}, service_data, list(service_data), None, -60, ())
+        ble._advert(BLEDevice(address, None, None), data, w.h.now, now_utc(), readings)
+        w.hub.publish_readings(readings)
+
+    advert("A4:C1:38:00:00:01", {BTHOME: b"\x40\x02\xc4\x09"})  # 25.00 °C
+    advert("A4:C1:38:00:00:01", {BTHOME: b"\x40\x02\xc4\x09"})  # a repeat
+    advert("A4:C1:38:00:00:01", {BTHOME: b"\x40\xff"})  # an unknown object
+    advert("A4:C1:38:00:00:02", {})
+    advert("11:22:33:44:55:66", {})  # a stranger
+    ble._on_advert(BLEDevice("x", None, None), None)  # type: ignore[arg-type]  # fails: counted
+    watchdog = ble.watchdog
+    watchdog.start(0.0)
+    for step in range(1, 4):  # restart, power cycle, failed
+        watchdog.tick(step * watchdog.silence)
+    watchdog.tick(3 * watchdog.silence + watchdog.backoff)  # tried again
+    watchdog.heard(4 * watchdog.silence + watchdog.backoff)  # and it works
+    w.collector.register(BleSource(ble))
+
+    settings = BridgeSettings("cloud", (("127.0.0.1", 1),), (RuleSettings("#"),))
+    bridge = Bridge(
+        settings, gateway="gw1", prefix="ledge", broker=w.broker, sequence=Sequence(1),
+    )  # fmt: skip
+    bridge.window = 7  # as if the remote had a receive maximum of 7
+    bridge.outbox.stats.dropped_full = 4
+    bridge.stats.rejected = 1
+    bridge.stats.loops = 2
+    bridge.stats.dropped_qos0_offline = 3
+    w.broker.sys_sources.append(bridge.sys_values)
+    w.collector.register(BridgeSource([bridge]))
+    return w
+
+
 def test_every_sys_value_has_its_metric_with_the_same_value() -> None:
-    w, _clients = busy_world()
-    sys_values = w.broker.sys_values(w.h.now)
+    """Every value under ``$SYS/broker/`` -- the broker's, the taps', each bridge's,
+    each sensor device's (summed over devices), the BLE adapter's -- has its metric
+    with the same value, or is named in ``SYS_ELSEWHERE``: a new one without either
+    fails here."""
+    w = everything_world()
     v = w.values()
-    checked = 0
-    for topic, value in sys_values.items():
+    sums: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for topic, value in w.broker.sys_values(w.h.now).items():
         key = topic.removeprefix("$SYS/broker/")
-        if key in SYS_ELSEWHERE or key.startswith(("load/", "sensors/")):
+        if key.startswith("load/"):
+            continue  # rates: rate() computes them from the counters
+        pattern, fill = sys_pattern(key)
+        if pattern in SYS_ELSEWHERE:
             continue
-        assert key in SYS_METRICS, f"$SYS/broker/{key} has no metric"
-        name, labels = SYS_METRICS[key]
-        got = v.total(name) if labels is None else v.get(name, float("nan"), **labels)
-        assert got == float(value), f"{key}: $SYS says {value}, {name} says {got}"
-        checked += 1
-    assert checked == len(SYS_METRICS)
+        assert pattern in SYS_METRICS, f"$SYS/broker/{key} has no metric"
+        slot = (pattern, tuple(sorted(fill.items())))
+        sums[slot] = sums.get(slot, 0.0) + float(value)
+    for (pattern, filled), total in sums.items():
+        name, labels = SYS_METRICS[pattern]
+        found = dict(filled)
+        if labels is None:
+            got = v.total(name)
+        else:
+            label_sets = labels if isinstance(labels, list) else [labels]
+            got = sum(
+                v.get(name, float("nan"), **{k: found.get(x, x) for k, x in one.items()})
+                for one in label_sets
+            )
+        # (0.05: the age of the oldest outbox message is written with one decimal)
+        assert abs(got - total) <= 0.05, f"{pattern} {found}: $SYS says {total}, {name} says {got}"
+    assert {p for p, _ in sums} == set(SYS_METRICS), "a value in the table was not in $SYS"
+    sys_values = w.broker.sys_values(w.h.now)
+    state = sys_values["$SYS/broker/sensors/ble/adapter/state"]
+    assert v.get("ledge_ble_adapter_state", state=state) == 1
+    assert float(sys_values["$SYS/broker/publish/messages/dropped"]) == v.total(
+        "ledge_messages_dropped_total"
+    )
+    # What the world caused, so that a metric that reads the wrong counter fails here.
     assert v.get("ledge_messages_dropped_total", reason="queue_full") == 1
+    assert v.get("ledge_messages_dropped_total", reason="offline_qos0") == 1
     assert v.get("ledge_protocol_errors_total") == 1
     assert v.get("ledge_messages_denied_total") == 2
     assert v.get("ledge_connections_refused_total") == 1
-    assert v.get("ledge_retained_messages") == 3
+    assert v.get("ledge_bridge_window", bridge="cloud") == 7
+    assert v.get("ledge_ble_device_adverts_total") == 4
+    assert v.get("ledge_ble_adverts_total") == 5
+    assert v.get("ledge_ble_callback_errors_total") == 1
+    assert v.get("ledge_ble_adapter_retries_total", adapter="hci0") == 1
+    assert v.get("ledge_ble_adapter_recoveries_total", adapter="hci0") == 1
+    assert v.get("ledge_ble_errors_total", reason="unknown_object") == 1
 
 
 def test_the_serial_counts_match_their_sys_values() -> None:
@@ -490,3 +711,25 @@ def test_promtool_accepts_the_mqttsn_metrics_and_the_page_shows_their_drops() ->
     assert not promtool_problems(text)
     assert 'ledge_mqttsn_messages_dropped_total{reason="queue_full"} 7' in text
     assert collector.status()["drops"]["mqttsn: queue full"] == 7
+
+
+def test_a_ble_device_is_present_or_away_and_a_beacon_away_is_no_fault() -> None:
+    w = World(
+        ble=(
+            BleDeviceSettings("keys", beacon="e2c56db5-dffb-48d2-b060-d0f5a71096e0/1/2"),
+            BleDeviceSettings("t1", address="A4:C1:38:00:00:01", format="bthome"),
+            BleDeviceSettings("t2", address="A4:C1:38:00:00:02", format="bthome"),
+        )
+    )
+    ble = w.hub.ble
+    assert ble is not None
+    for device in ble.devices.values():
+        device.presence.start()  # as the driver does: away until heard
+    ble.devices["t1"].presence.heard(w.h.now)
+    doc = w.collector.status()
+    states = {d["name"]: (d["state"], d["online"], d["presence"]) for d in doc["devices"]}
+    assert states["keys"] == ("away", False, True)
+    assert states["t1"] == ("present", True, False)
+    assert states["t2"] == ("away", False, False)
+    assert "ble device t2 is away" in doc["warnings"]
+    assert not [x for x in doc["warnings"] if "keys" in x]

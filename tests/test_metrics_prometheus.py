@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from tests.support.clients import Paho
+from tests.support.http_flood import SlowRequests
 from tests.support.procs import LedgeProcess, MosquittoProcess
-from tests.support.prometheus import PrometheusProcess, cloud_bridge
+from tests.support.prometheus import PrometheusProcess, cloud_bridge, metrics_text
 from tests.support.wait import wait_for
 
 pytestmark = [
@@ -103,4 +104,33 @@ port = 0
         publisher.disconnect()
     finally:
         prometheus.stop()
+        assert ledge.stop() == 0
+
+
+def test_prometheus_keeps_scraping_while_one_address_floods_the_listener(
+    tmp_path: Path,
+) -> None:
+    """Twenty slow requests from 127.0.0.2, reopened as the listener closes them, for
+    the whole life of a Prometheus scraping from 127.0.0.1 every second: every one of
+    its scrapes must succeed."""
+    config = tmp_path / "ledge.toml"
+    config.write_text('[gateway]\nid = "gw1"\n[http]\nenabled = true\nport = 0\n')
+    ledge = LedgeProcess(config=config).start(listeners=2)
+    port = ledge.ports[1]
+    prometheus: PrometheusProcess | None = None
+    try:
+        with SlowRequests(port, "127.0.0.2", count=20) as attack:
+            wait_for(lambda: attack.closed >= 100 or attack.error, 30, "the attack to churn")
+            closed_before = attack.closed
+            prometheus = PrometheusProcess(tmp_path, [f"127.0.0.1:{port}"]).start()
+            scrapes = 'count_over_time(up{job="ledge"}[10m])'
+            wait_for(lambda: (prometheus.value(scrapes) or 0) >= 10, 60, "ten scrapes")
+            assert attack.closed > closed_before and not attack.error  # it kept on
+        # Every scrape in the attack succeeded: up was never 0.
+        assert prometheus.value('min_over_time(up{job="ledge"}[10m])') == 1
+        text = metrics_text(port)
+        assert 'ledge_http_responses_total{code="503"}' not in text
+    finally:
+        if prometheus is not None:
+            prometheus.stop()
         assert ledge.stop() == 0

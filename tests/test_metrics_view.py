@@ -223,6 +223,10 @@ def test_drops_are_summed_by_where_and_why() -> None:
             ),
             counter("ledge_taps_dropped_total", "t", 7),
             counter("ledge_ble_adverts_dropped_total", "a", 1, driver="ble", reason="bad_mic"),
+            counter("ledge_messages_dropped_total", "d", 3, reason="offline_qos0"),
+            counter(
+                "ledge_bridge_messages_dropped_total", "b", 4, bridge="cloud", reason="qos0_offline"
+            ),
         )
     )
     assert doc["drops"] == {
@@ -230,6 +234,9 @@ def test_drops_are_summed_by_where_and_why() -> None:
         "bridge cloud: expired": 5,
         "taps": 7,
         "ble adverts ble: bad mic": 1,
+        # Reasons in words where the label alone would be cryptic.
+        "QoS 0 for an offline session": 3,
+        "bridge cloud: QoS 0 while the link is down": 4,
     }
 
 
@@ -263,11 +270,18 @@ def test_warnings_follow_the_values() -> None:
                         queued=9,
                         bytes=90,
                         max_bytes=100,
+                        since=1_700_000_000.0 - 302,
                     ),
                 )
             ),
             StatusPart(
-                devices=(DeviceStatus("serial", "env", False),), warnings=("adapter hci0 failed",)
+                devices=(
+                    DeviceStatus("serial", "env", False),
+                    DeviceStatus("ble", "thermo", False, state="away"),
+                    # A beacon's presence is what it reports: away is not a fault.
+                    DeviceStatus("ble", "keys", False, state="away", presence=True),
+                ),
+                warnings=("adapter hci0 failed",),
             ),
         ),
     )
@@ -276,9 +290,10 @@ def test_warnings_follow_the_values() -> None:
         "store near full: 85.0 MiB of 100.0 MiB (store.max_bytes)",
         "disk near full: 10.0 MiB free under data_dir",
         "2 slow consumer(s): QoS 0 messages to them are being dropped",
-        "bridge cloud disconnected (connection refused): 9 message(s) waiting",
+        "bridge cloud disconnected (connection refused), down for 5 min 2 s: 9 message(s) waiting",
         "bridge cloud: outbox near full (9 messages, 0.0 MiB)",
-        "serial device env is not connected",
+        "serial device env is disconnected",
+        "ble device thermo is away",
         "adapter hci0 failed",
     ]
 
@@ -420,7 +435,11 @@ def test_the_page_shows_everything_without_javascript() -> None:
                             (ValueStatus("temperature", 21.5, "°C", (20.0, 21.0, 21.5)),),
                         ),
                     ),
-                    bridges=(BridgeStatus("cloud", "connected", "cloud.example:8883"),),
+                    bridges=(
+                        BridgeStatus(
+                            "cloud", "connected", "cloud.example:8883", since=1_699_996_400.0
+                        ),
+                    ),
                 ),
             ),
         )
@@ -430,7 +449,80 @@ def test_the_page_shows_everything_without_javascript() -> None:
         '<tr data-listener="lan"><td>lan</td><td>tcp</td><td>0.0.0.0:1883</td><td class="n">3</td>'
         in html
     )
-    assert '<td class="state ok">connected</td><td>cloud.example:8883</td>' in html
+    assert (
+        '<td class="state ok">connected</td><td class="since">up since 21:13:20 UTC (1 h 0 min)'
+        "</td><td>cloud.example:8883</td>" in html
+    )
     assert 'data-quantity="temperature">temperature <b>21.5</b> °C</span>' in html
     assert "10 s ago" in html
     assert "up 1 h 2 min" in html
+
+
+def test_a_bridge_shows_since_when_it_is_up_or_down_and_when_its_last_error_was() -> None:
+    now = 1_700_000_000.0
+    doc = status_document(
+        snapshot(
+            parts=(
+                StatusPart(
+                    bridges=(
+                        BridgeStatus(
+                            "up", "connected", last_error="connection refused",
+                            last_error_at=now - 600, since=now - 590,
+                        ),
+                        BridgeStatus(
+                            "down", "disconnected", last_error="timed out",
+                            last_error_at=now - 5, since=now - 125,
+                        ),
+                    )
+                ),
+            )
+        )
+    )  # fmt: skip
+    html = page.render(doc)
+    # Connected: its last error is history, with its time, muted.
+    assert (
+        '<td class="since">up since 22:03:30 UTC (9 min 50 s)</td>' in html
+        and '<td class="error mute">connection refused (10 min 0 s ago)</td>' in html
+    )
+    assert '<td class="since">down since 22:11:15 UTC (2 min 5 s)</td>' in html
+    assert '<td class="error">timed out (5 s ago)</td>' in html
+    text = page.render_text(doc)
+    assert "down since 22:11:15 UTC (2 min 5 s), last error: timed out (5 s ago)" in text
+
+
+def test_a_device_shows_its_state_in_its_own_words() -> None:
+    doc = status_document(
+        snapshot(
+            parts=(
+                StatusPart(
+                    devices=(
+                        DeviceStatus("serial", "env", False),
+                        DeviceStatus("ble", "keys", False, state="away", presence=True),
+                        DeviceStatus("ble", "thermo", True, state="present"),
+                    )
+                ),
+            )
+        )
+    )
+    html = page.render(doc)
+    assert '<tr data-device="env"><td>env</td><td>serial</td><td class="bad">disconnected' in html
+    assert '<tr data-device="keys"><td>keys</td><td>ble</td><td class="mute">away' in html
+    assert '<tr data-device="thermo"><td>thermo</td><td>ble</td><td class="ok">present' in html
+    assert [d["state"] for d in doc["devices"]] == ["disconnected", "away", "present"]
+    assert "keys" not in " ".join(doc["warnings"])
+
+
+def test_numeric_columns_are_right_aligned_headings_and_all() -> None:
+    doc = status_document(
+        snapshot(
+            gauge("ledge_clients_connected", "c", 3, listener="lan", protocol="3.1.1"),
+            counter("ledge_messages_dropped_total", "d", 2, reason="queue_full"),
+            parts=(StatusPart(bridges=(BridgeStatus("cloud", "connected"),)),),
+        )
+    )
+    html = page.render(doc)
+    heads = {name: bool(n) for n, name in re.findall(r'<th( class="n")?>([^<]+)</th>', html)}
+    assert [h for h, right in heads.items() if right] == [
+        "MQTT 3.1.1", "MQTT 5.0", "outbox", "oldest", "sent", "acknowledged", "dropped",
+        "messages",
+    ]  # fmt: skip

@@ -20,6 +20,7 @@ from gateway.config import Config, parse_config
 from gateway.mqtt import MQTT_5, MQTT_311, Publish, Subscribe, SubscriptionRequest, encode
 from gateway.runtime import ConfigError
 from tests.support.procs import LedgeProcess, MosquittoProcess
+from tests.support.prometheus import metrics_text
 from tests.support.raw import Raw
 
 #: Numbers that are values rather than limits (a reading's scale and offset): finite,
@@ -129,7 +130,7 @@ def _round_trip(port: int, version: int, qos: int) -> None:
 
 def test_the_gateway_serves_with_every_option_at_its_maximum(tmp_path: Path) -> None:
     """One gateway with every numeric option of the broker, listeners, auth, store,
-    gateway, readings, taps, serial devices, bridges and the firmware bridge at its
+    gateway, readings, taps, serial devices, bridges, the firmware bridge and HTTP at its
     maximum: it starts, serves MQTT 5.0 and 3.1.1 clients (QoS 0/1/2 round trips),
     reloads on SIGHUP, and its bridge reaches a real Mosquitto."""
     available = MosquittoProcess.available()
@@ -160,6 +161,7 @@ def _serve_at_maxima(tmp_path: Path, remote: MosquittoProcess | None) -> int:
         "gateway": _at_maximum("gateway"),
         "readings": _at_maximum("readings"),
         "taps": _at_maximum("taps") | {"module": str(taps)},
+        "http": _at_maximum("http") | {"enabled": True, "port": 0},
     }
     text = f'data_dir = "{tmp_path / "data"}"\n[[listeners]]\n{_toml(listener)}'
     text += "".join(f"[{name}]\n{_toml(values)}" for name, values in sections.items())
@@ -179,6 +181,9 @@ def _serve_at_maxima(tmp_path: Path, remote: MosquittoProcess | None) -> int:
     parse_config(text)  # every maximum validates
     proc = LedgeProcess(config=config, listen=False).start(timeout=60)
     try:
+        http = proc.wait_log(r"listening on 127\.0\.0\.1:\d+ \(http\)", 20)
+        http_port = int(http.rsplit(":", 1)[1].split()[0])
+        assert "ledge_http_connections 1" in metrics_text(http_port)
         for version in (MQTT_5, MQTT_311):
             for qos in (0, 1, 2):
                 _round_trip(proc.port, version, qos)

@@ -174,8 +174,12 @@ class Bridge:
         self.stats = BridgeStats()
         self.state = "disconnected"
         self.address = ""
-        #: Why the last connection attempt failed or the link was lost ("" : never).
+        #: Why the last connection attempt failed or the link was lost ("" : never),
+        #: and when (wall clock).
         self.last_error = ""
+        self.last_error_at: float | None = None
+        #: When (wall clock) the link last came up or went down (at first: created).
+        self.since = wall()
         self.remote_receive_maximum = 65_535
         self.window = settings.max_inflight
         self.inflight = 0
@@ -376,6 +380,7 @@ class Bridge:
             except Exception as exc:  # every failure means: reconnect
                 reason = _describe(exc)
                 self.last_error = reason
+                self.last_error_at = self.wall()
             finally:
                 self._disconnected()
             if self._stopping:
@@ -674,6 +679,8 @@ class Bridge:
     # ------------------------------------------------------------------ reporting
 
     def _set_state(self, state: str) -> None:
+        if (state == "connected") != (self.state == "connected"):
+            self.since = self.wall()
         self.state = state
         self.broker.publish_local(
             f"$SYS/broker/bridge/{self.name}/state",

@@ -32,11 +32,14 @@ class Stats:
     protocol_errors: int = 0
 
     def drops(self) -> int:
+        """Every drop, whatever the reason (``$SYS .../publish/messages/dropped``, the
+        sum of ``ledge_messages_dropped_total``)."""
         return (
             self.dropped_slow_consumer
             + self.dropped_queue_full
             + self.dropped_expired
             + self.dropped_too_large
+            + self.dropped_offline_qos0
         )
 
 

@@ -23,6 +23,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -459,6 +460,13 @@ class BridgeSource:
                 b.inflight,
                 bridge=name,
             )
+            yield gauge(
+                "ledge_bridge_window",
+                "Messages that may be unacknowledged at once: the remote's receive "
+                "maximum, at most max_inflight.",
+                b.window,
+                bridge=name,
+            )
             yield counter(
                 "ledge_bridge_messages_queued_total",
                 "Messages that entered the outbox.",
@@ -521,6 +529,8 @@ class BridgeSource:
                     state=b.state,
                     address=b.address,
                     last_error=b.last_error,
+                    last_error_at=b.last_error_at,
+                    since=b.since,
                     queued=b.outbox.count,
                     bytes=b.outbox.bytes,
                     max_messages=b.outbox.settings.max_messages,
@@ -582,18 +592,18 @@ class SensorSource:
             driver="serial",
         )
 
-    def _devices(self) -> Iterator[tuple[str, str, bool, dict[str, Reading]]]:
-        """Every device as (driver, name, online, newest reading per quantity)."""
+    def _devices(self) -> Iterator[tuple[str, str, DeviceState, dict[str, Reading]]]:
+        """Every device as (driver, name, its state, newest reading per quantity)."""
         for name, sensor in self.hub.sensors.items():
-            yield "serial", name, sensor.port.connected, sensor.last
+            yield "serial", name, DeviceState(sensor.port.connected), sensor.last
         ble = self.hub.ble
         if ble is not None:
             for name, device in ble.devices.items():
-                yield "ble", name, _ble_online(device), device.last
+                yield "ble", name, _ble_state(device), device.last
 
     def tick(self) -> None:
         """Add each quantity's newest numeric reading (if new) to its history."""
-        for driver, name, _online, last in self._devices():
+        for driver, name, _state, last in self._devices():
             for quantity, reading in last.items():
                 key = (driver, name, quantity)
                 if self._seen.get(key) is reading:
@@ -609,13 +619,15 @@ class SensorSource:
 
     def status(self) -> StatusPart:
         devices = []
-        for driver, name, online, last in self._devices():
+        for driver, name, state, last in self._devices():
             seen = max((r.timestamp.timestamp() for r in last.values()), default=None)
             devices.append(
                 DeviceStatus(
                     driver=driver,
                     name=name,
-                    online=online,
+                    online=state.online,
+                    state=state.words,
+                    presence=state.presence,
                     last_seen=seen,
                     values=tuple(
                         ValueStatus(
@@ -631,11 +643,30 @@ class SensorSource:
         return StatusPart(devices=tuple(devices))
 
 
+@dataclass(frozen=True, slots=True)
+class DeviceState:
+    online: bool
+    #: In words ("": connected or disconnected, by ``online``).
+    words: str = ""
+    #: What it reports is its presence (a beacon): away is not a fault.
+    presence: bool = False
+
+
 def _ble_online(device: BleDevice) -> bool:
     """A GATT device while connected; an advertising one while it is heard."""
     if device.gatt is not None:
         return device.gatt.connected
     return device.presence.home is not False
+
+
+def _ble_state(device: BleDevice) -> DeviceState:
+    """A GATT device is connected or not; an advertising one is present, away, or not
+    heard yet (since the gateway started)."""
+    if device.gatt is not None:
+        return DeviceState(device.gatt.connected)
+    home = device.presence.home
+    words = "not heard yet" if home is None else "present" if home else "away"
+    return DeviceState(home is not False, words, device.settings.beacon_like)
 
 
 class BleSource:
@@ -665,6 +696,27 @@ class BleSource:
         )
         counts = ble.counts
         yield counter("ledge_ble_adverts_total", "BLE adverts received.", counts["adverts"])
+        yield counter(
+            "ledge_ble_device_adverts_total",
+            "Adverts of configured devices (summed over devices).",
+            sum(d.stats.adverts for d in devices),
+        )
+        yield counter(
+            "ledge_ble_callback_errors_total",
+            "Adverts the driver failed on (a bug, logged): not queued or not read.",
+            counts["callback errors"],
+        )
+        gatt = [d.gatt for d in devices if d.gatt is not None]
+        yield gauge(
+            "ledge_ble_gatt_connected",
+            "GATT devices connected now.",
+            sum(1 for g in gatt if g.connected),
+        )
+        yield counter(
+            "ledge_ble_gatt_sessions_total",
+            "GATT connections made (summed over devices).",
+            sum(g.sessions for g in gatt),
+        )
         yield counter(
             "ledge_ble_adverts_repeated_total",
             "Adverts of configured devices that repeated one already read.",
@@ -727,6 +779,18 @@ class BleSource:
             "ledge_ble_adapter_failures_total",
             "Times the adapter was reported failed (resets did not bring adverts back).",
             w.counts.failures,
+            adapter=adapter,
+        )
+        yield counter(
+            "ledge_ble_adapter_retries_total",
+            "Times the watchdog tried a failed or absent adapter again (with backoff).",
+            w.counts.retries,
+            adapter=adapter,
+        )
+        yield counter(
+            "ledge_ble_adapter_recoveries_total",
+            "Times adverts came back after the watchdog stepped in.",
+            w.counts.recoveries,
             adapter=adapter,
         )
         for what, value in (("bluez", w.counts.bluez_lost), ("adapter", w.counts.adapter_lost)):
@@ -888,14 +952,28 @@ class HTTPSource:
         self.http = http
 
     def samples(self) -> Iterator[Sample]:
-        st = self.http.stats
-        yield gauge("ledge_http_connections", "HTTP connections open now.", st.connections)
+        http = self.http
+        st = http.stats
+        yield gauge("ledge_http_connections", "HTTP connections open now.", len(http.admission))
+        yield gauge(
+            "ledge_http_connections_unfinished",
+            "HTTP connections without a complete request now.",
+            http.admission.unfinished,
+        )
         yield counter("ledge_http_connections_total", "HTTP connections accepted.", st.accepted)
         yield counter(
             "ledge_http_connections_refused_total",
-            "HTTP connections refused: too many open or in their TLS handshake.",
+            "HTTP connections refused (503): every connection was being answered, or "
+            "too many were in their TLS handshake.",
             st.refused,
         )
+        for reason, count in st.evicted.items():
+            yield counter(
+                "ledge_http_connections_evicted_total",
+                "HTTP connections waiting for a request closed to admit a newer one, by reason.",
+                count,
+                reason=reason,
+            )
         yield counter(
             "ledge_http_request_timeouts_total",
             "HTTP requests whose head did not arrive in time.",

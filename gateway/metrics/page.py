@@ -13,9 +13,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import html
-import math
 from datetime import UTC, datetime
 from typing import Any, Final
+
+from gateway.metrics.view import duration
 
 #: Seconds between the page's requests for ``/api/status``.
 POLL_SECONDS: Final = 2
@@ -43,7 +44,7 @@ font-size:.85rem}
 table{border-collapse:collapse;width:100%;font-variant-numeric:tabular-nums}
 th,td{text-align:left;padding:.35rem .6rem .35rem 0;border-bottom:1px solid var(--line);
 vertical-align:top}th{color:var(--mute);font-weight:500;font-size:.85rem}
-td.n{text-align:right}.ok{color:var(--ok)}.bad{color:var(--bad)}
+th.n,td.n{text-align:right}.ok{color:var(--ok)}.bad{color:var(--bad)}
 .v{display:inline-block;margin:0 1.1rem .2rem 0;white-space:nowrap}
 svg.spark{width:5rem;height:1.1rem;vertical-align:middle;margin-left:.3rem}
 svg.spark polyline{fill:none;stroke:var(--spark);stroke-width:1.5;
@@ -66,9 +67,10 @@ r=hi-lo||1,n=h.length-1;const p=h.map((v,i)=>(100*i/n).toFixed(1)+","+
 (19-18*(v-lo)/r).toFixed(1)).join(" ");
 return '<svg class="spark" viewBox="0 0 100 20" preserveAspectRatio="none" aria-hidden="true">'+
 '<polyline points="'+p+'"/></svg>'}
-function table(head,rows,empty){if(!rows.length)return '<p class="mute">'+esc(empty)+"</p>";
-return "<table><tr>"+head.map(h=>"<th>"+esc(h)+"</th>").join("")+"</tr>"+rows.join("")+
-"</table>"}
+function table(head,rows,empty,num){if(!rows.length)return '<p class="mute">'+esc(empty)+
+"</p>";return "<table><tr>"+head.map((h,i)=>((num||[]).includes(i)?'<th class="n">':"<th>")+
+esc(h)+"</th>").join("")+"</tr>"+rows.join("")+"</table>"}
+const clock=t=>new Date(t*1000).toISOString().slice(11,19)+" UTC";
 function val(v){return typeof v==="number"?num(v):esc(v)}
 const R={
 meta:d=>"version "+esc(d.version)+" \\u00b7 up "+dur(d.uptime_seconds)+
@@ -88,26 +90,29 @@ listeners:d=>"<h2>Listeners</h2>"+table(["listener","type","address","MQTT 3.1.1
 "MQTT 5.0"],d.listeners.map(l=>'<tr data-listener="'+esc(l.name)+'"><td>'+esc(l.name)+
 "</td><td>"+esc(l.type)+"</td><td>"+esc(l.address)+'</td><td class="n">'+
 num(l.clients["3.1.1"]||0)+'</td><td class="n">'+num(l.clients["5.0"]||0)+"</td></tr>"),
-"no listeners"),
-bridges:d=>"<h2>Bridges</h2>"+table(["bridge","state","address","outbox","oldest",
-"sent","acknowledged","dropped","last error"],d.bridges.map(b=>'<tr data-bridge="'+
-esc(b.name)+'"><td>'+esc(b.name)+'</td><td class="state '+(b.state==="connected"?"ok":
-"bad")+'">'+esc(b.state)+"</td><td>"+esc(b.address)+'</td><td class="n">'+
-num(b.outbox_messages)+" ("+bytes(b.outbox_bytes)+')</td><td class="n">'+
-dur(b.oldest_age_seconds)+'</td><td class="n">'+num(b.sent)+'</td><td class="n">'+
-num(b.acknowledged)+'</td><td class="n">'+num(b.dropped)+"</td><td>"+esc(b.last_error)+
-"</td></tr>"),"no bridges configured"),
+"no listeners",[3,4]),
+bridges:d=>"<h2>Bridges</h2>"+table(["bridge","state","since","address","outbox","oldest",
+"sent","acknowledged","dropped","last error"],d.bridges.map(b=>{const up=b.state===
+"connected";return '<tr data-bridge="'+esc(b.name)+'"><td>'+esc(b.name)+
+'</td><td class="state '+(up?"ok":"bad")+'">'+esc(b.state)+'</td><td class="since">'+
+(b.since===null?"":(up?"up":"down")+" since "+clock(b.since)+" ("+dur(d.time-b.since)+")")+
+"</td><td>"+esc(b.address)+'</td><td class="n">'+num(b.outbox_messages)+" ("+
+bytes(b.outbox_bytes)+')</td><td class="n">'+dur(b.oldest_age_seconds)+'</td><td class="n">'+
+num(b.sent)+'</td><td class="n">'+num(b.acknowledged)+'</td><td class="n">'+num(b.dropped)+
+'</td><td class="error'+(up?" mute":"")+'">'+(b.last_error?esc(b.last_error)+
+(b.last_error_at===null?"":" ("+dur(d.time-b.last_error_at)+" ago)"):"")+"</td></tr>"}),
+"no bridges configured",[4,5,6,7,8]),
 devices:d=>"<h2>Sensors</h2>"+table(["device","driver","state","last seen","values"],
 d.devices.map(s=>'<tr data-device="'+esc(s.name)+'"><td>'+esc(s.name)+"</td><td>"+
-esc(s.driver)+'</td><td class="'+(s.online?"ok":"bad")+'">'+(s.online?"connected":
-"disconnected")+"</td><td>"+(s.last_seen===null?"never":dur(d.time-s.last_seen)+" ago")+
+esc(s.driver)+'</td><td class="'+(s.online?"ok":s.presence?"mute":"bad")+'">'+
+esc(s.state)+"</td><td>"+(s.last_seen===null?"never":dur(d.time-s.last_seen)+" ago")+
 "</td><td>"+s.values.map(v=>'<span class="v" data-quantity="'+esc(v.quantity)+'">'+
 esc(v.quantity)+" <b>"+val(v.value)+"</b> "+esc(v.unit)+spark(v.history)+"</span>")
 .join("")+"</td></tr>"),"no sensor devices")+(d.devices_not_shown?'<p class="mute">and '+
 d.devices_not_shown+" more devices</p>":""),
 drops:d=>{const k=Object.keys(d.drops).filter(x=>d.drops[x]).sort();return "<h2>Drops</h2>"+
 table(["where and why","messages"],k.map(x=>"<tr><td>"+esc(x)+'</td><td class="n">'+
-num(d.drops[x])+"</td></tr>"),"nothing dropped")}};
+num(d.drops[x])+"</td></tr>"),"nothing dropped",[1])}};
 function render(d){for(const id in R){document.getElementById(id).innerHTML=R[id](d)}
 document.title="Ledge "+d.gateway}
 async function poll(){const m=document.getElementById("meta");try{const r=await fetch(
@@ -154,17 +159,6 @@ def size(value: float) -> str:
     return f"{value:.1f} {units[i]}" if i else f"{int(value)} {units[i]}"
 
 
-def duration(seconds: float) -> str:
-    s = max(0, math.floor(seconds))
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min {s % 60} s"
-    if s < 86400:
-        return f"{s // 3600} h {s % 3600 // 60} min"
-    return f"{s // 86400} d {s % 86400 // 3600} h"
-
-
 def spark(history: list[float]) -> str:
     """A sparkline of ``history`` (oldest first) as inline SVG; nothing below 2 points."""
     if len(history) < 2:
@@ -181,16 +175,28 @@ def spark(history: list[float]) -> str:
     )
 
 
-def _table(head: list[str], rows: list[str], empty: str) -> str:
+def _table(head: list[str], rows: list[str], empty: str, numeric: tuple[int, ...] = ()) -> str:
+    """A table, or ``empty`` without rows; the columns at ``numeric`` are right-aligned,
+    their headings too (the cells say ``class="n"``)."""
     if not rows:
         return f'<p class="mute">{esc(empty)}</p>'
-    heads = "".join(f"<th>{esc(h)}</th>" for h in head)
+    heads = "".join(
+        f'<th class="n">{esc(h)}</th>' if i in numeric else f"<th>{esc(h)}</th>"
+        for i, h in enumerate(head)
+    )
     return f"<table><tr>{heads}</tr>{''.join(rows)}</table>"
 
 
+def clock(wall: float) -> str:
+    """A wall-clock time of day, UTC (the script writes it the same way)."""
+    return datetime.fromtimestamp(wall, UTC).strftime("%H:%M:%S UTC")
+
+
 def render_meta(d: dict[str, Any]) -> str:
-    clock = datetime.fromtimestamp(d["time"], UTC).strftime("%H:%M:%S UTC")
-    return f"version {esc(d['version'])} · up {duration(d['uptime_seconds'])} · updated {clock}"
+    return (
+        f"version {esc(d['version'])} · up {duration(d['uptime_seconds'])} "
+        f"· updated {clock(d['time'])}"
+    )
 
 
 def render_warnings(d: dict[str, Any]) -> str:
@@ -231,23 +237,45 @@ def render_listeners(d: dict[str, Any]) -> str:
         for lst in d["listeners"]
     ]
     head = ["listener", "type", "address", "MQTT 3.1.1", "MQTT 5.0"]
-    return "<h2>Listeners</h2>" + _table(head, rows, "no listeners")
+    return "<h2>Listeners</h2>" + _table(head, rows, "no listeners", (3, 4))
+
+
+def bridge_since(b: dict[str, Any], now: float) -> str:
+    """ "down since 12:03:04 UTC (5 min 2 s)", or "up since ..." ("": not known)."""
+    if b["since"] is None:
+        return ""
+    up = "up" if b["state"] == "connected" else "down"
+    return f"{up} since {clock(b['since'])} ({duration(now - b['since'])})"
+
+
+def bridge_error(b: dict[str, Any], now: float) -> str:
+    """The last error and how long ago it was ("": none)."""
+    if not b["last_error"]:
+        return ""
+    at = b["last_error_at"]
+    return str(b["last_error"]) + ("" if at is None else f" ({duration(now - at)} ago)")
 
 
 def render_bridges(d: dict[str, Any]) -> str:
-    rows = [
-        f'<tr data-bridge="{esc(b["name"])}"><td>{esc(b["name"])}</td>'
-        f'<td class="state {"ok" if b["state"] == "connected" else "bad"}">{esc(b["state"])}</td>'
-        f"<td>{esc(b['address'])}</td>"
-        f'<td class="n">{num(b["outbox_messages"])} ({size(b["outbox_bytes"])})</td>'
-        f'<td class="n">{duration(b["oldest_age_seconds"])}</td>'
-        f'<td class="n">{num(b["sent"])}</td><td class="n">{num(b["acknowledged"])}</td>'
-        f'<td class="n">{num(b["dropped"])}</td><td>{esc(b["last_error"])}</td></tr>'
-        for b in d["bridges"]
-    ]
-    head = ["bridge", "state", "address", "outbox", "oldest", "sent", "acknowledged"]
-    head += ["dropped", "last error"]
-    return "<h2>Bridges</h2>" + _table(head, rows, "no bridges configured")
+    rows = []
+    for b in d["bridges"]:
+        up = b["state"] == "connected"
+        rows.append(
+            f'<tr data-bridge="{esc(b["name"])}"><td>{esc(b["name"])}</td>'
+            f'<td class="state {"ok" if up else "bad"}">{esc(b["state"])}</td>'
+            f'<td class="since">{bridge_since(b, d["time"])}</td>'
+            f"<td>{esc(b['address'])}</td>"
+            f'<td class="n">{num(b["outbox_messages"])} ({size(b["outbox_bytes"])})</td>'
+            f'<td class="n">{duration(b["oldest_age_seconds"])}</td>'
+            f'<td class="n">{num(b["sent"])}</td><td class="n">{num(b["acknowledged"])}</td>'
+            f'<td class="n">{num(b["dropped"])}</td>'
+            # An error from before the link came up is history: shown, muted.
+            f'<td class="error{" mute" if up else ""}">{esc(bridge_error(b, d["time"]))}</td>'
+            "</tr>"
+        )
+    head = ["bridge", "state", "since", "address", "outbox", "oldest", "sent"]
+    head += ["acknowledged", "dropped", "last error"]
+    return "<h2>Bridges</h2>" + _table(head, rows, "no bridges configured", (4, 5, 6, 7, 8))
 
 
 def _value(value: object) -> str:
@@ -272,8 +300,8 @@ def render_devices(d: dict[str, Any], budget: int = PAGE_LIMIT) -> str:
         )
         row = (
             f'<tr data-device="{esc(s["name"])}"><td>{esc(s["name"])}</td>'
-            f'<td>{esc(s["driver"])}</td><td class="{"ok" if s["online"] else "bad"}">'
-            f"{'connected' if s['online'] else 'disconnected'}</td><td>{seen}</td>"
+            f'<td>{esc(s["driver"])}</td><td class="{_state_class(s)}">'
+            f"{esc(s['state'])}</td><td>{seen}</td>"
             f"<td>{values}</td></tr>"
         )
         used += len(row.encode())
@@ -286,13 +314,19 @@ def render_devices(d: dict[str, Any], budget: int = PAGE_LIMIT) -> str:
     return "<h2>Sensors</h2>" + _table(head, rows, "no sensor devices") + tail
 
 
+def _state_class(s: dict[str, Any]) -> str:
+    """Green when online; a beacon away is not a fault (muted); red otherwise."""
+    return "ok" if s["online"] else "mute" if s["presence"] else "bad"
+
+
 def render_drops(d: dict[str, Any]) -> str:
     rows = [
         f'<tr><td>{esc(k)}</td><td class="n">{num(d["drops"][k])}</td></tr>'
         for k in sorted(d["drops"])
         if d["drops"][k]
     ]
-    return "<h2>Drops</h2>" + _table(["where and why", "messages"], rows, "nothing dropped")
+    head = ["where and why", "messages"]
+    return "<h2>Drops</h2>" + _table(head, rows, "nothing dropped", (1,))
 
 
 def render(d: dict[str, Any]) -> str:
@@ -353,7 +387,8 @@ def render_text(d: dict[str, Any]) -> str:
                 f"{num(b['outbox_messages'])} ({size(b['outbox_bytes'])}), oldest "
                 f"{duration(b['oldest_age_seconds'])}, sent {num(b['sent'])}, acknowledged "
                 f"{num(b['acknowledged'])}, dropped {num(b['dropped'])}"
-                + (f", last error: {b['last_error']}" if b["last_error"] else "")
+                + (f", {bridge_since(b, d['time'])}" if b["since"] is not None else "")
+                + (f", last error: {bridge_error(b, d['time'])}" if b["last_error"] else "")
             )
     if d["devices"]:
         lines.append("sensors")
@@ -365,7 +400,7 @@ def render_text(d: dict[str, Any]) -> str:
                 f"{v['quantity']} {_plain(v['value'])}{' ' + v['unit'] if v['unit'] else ''}"
                 for v in s["values"]
             )
-            state = "connected" if s["online"] else "disconnected"
+            state = s["state"]
             lines.append(f"  {s['name']:<14} {s['driver']:<8} {state:<13} seen {seen:<12} {values}")
         if d["devices_not_shown"]:
             lines.append(f"  and {d['devices_not_shown']} more")

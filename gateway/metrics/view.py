@@ -33,6 +33,16 @@ STORE_WARN_SHARE: Final = 0.8
 DISK_WARN_BYTES: Final = 64 * 1024 * 1024
 #: A bridge outbox this full (by bytes or messages) is worth a warning.
 OUTBOX_WARN_SHARE: Final = 0.8
+#: Drop reasons (metric label values) in words; others are shown with spaces.
+DROP_REASONS: Final = {
+    "offline_qos0": "QoS 0 for an offline session",
+    "qos0_offline": "QoS 0 while the link is down",
+    "too_large": "too large for the client",
+    "outbox_full": "outbox full",
+    "rejected": "rejected by the remote",
+    "loop": "came back around a loop",
+    "echo": "echo of what was sent",
+}
 #: Status documents list at most this many sensor devices and warnings (the rest are
 #: counted), and text values are cut to ``MAX_TEXT`` characters.
 MAX_DEVICES: Final = 100
@@ -160,6 +170,15 @@ class DeviceStatus:
     #: Wall-clock time (Unix seconds) of its last reading, None: no reading yet.
     last_seen: float | None = None
     values: tuple[ValueStatus, ...] = ()
+    #: Its state in words ("" : connected or disconnected, by ``online``): a BLE
+    #: device that advertises is "present" or "away", for instance.
+    state: str = ""
+    #: Its state is what it reports (a beacon): being away is news, not a fault.
+    presence: bool = False
+
+    @property
+    def state_words(self) -> str:
+        return self.state or ("connected" if self.online else "disconnected")
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +187,10 @@ class BridgeStatus:
     state: str
     address: str = ""
     last_error: str = ""
+    #: Wall-clock times (Unix seconds): of the last error, and of the last change
+    #: between connected and not (the outage began, or the link came up).
+    last_error_at: float | None = None
+    since: float | None = None
     queued: int = 0
     bytes: int = 0
     max_messages: int = 0
@@ -302,7 +325,8 @@ def status_document(snap: Snapshot) -> dict[str, Any]:
         for sample in family:
             labels = dict(sample.labels)
             where = " ".join(p for p in (what, labels.get("bridge") or labels.get("driver")) if p)
-            reason = labels.get("reason", "").replace("_", " ")
+            label = labels.get("reason", "")
+            reason = DROP_REASONS.get(label) or label.replace("_", " ")
             key = f"{where}: {reason}" if where and reason else where or reason
             drops[key] = drops.get(key, 0) + _int(sample.value)
     bridges = [b for part in snap.parts for b in part.bridges]
@@ -357,6 +381,8 @@ def _bridge(b: BridgeStatus) -> dict[str, Any]:
         "state": b.state,
         "address": b.address,
         "last_error": b.last_error,
+        "last_error_at": None if b.last_error_at is None else round(b.last_error_at, 3),
+        "since": None if b.since is None else round(b.since, 3),
         "outbox_messages": b.queued,
         "outbox_bytes": b.bytes,
         "oldest_age_seconds": round(b.oldest_age, 1),
@@ -371,6 +397,8 @@ def _device(d: DeviceStatus) -> dict[str, Any]:
         "driver": d.driver,
         "name": d.name,
         "online": d.online,
+        "state": d.state_words,
+        "presence": d.presence,
         "last_seen": None if d.last_seen is None else round(d.last_seen, 3),
         "values": [
             {
@@ -404,19 +432,32 @@ def warnings(
     for b in bridges:
         if b.state != "connected":
             why = f" ({b.last_error})" if b.last_error else ""
-            out.append(f"bridge {b.name} {b.state}{why}: {b.queued} message(s) waiting")
+            down = "" if b.since is None else f", down for {duration(snap.wall_time - b.since)}"
+            out.append(f"bridge {b.name} {b.state}{why}{down}: {b.queued} message(s) waiting")
         if (b.max_bytes and b.bytes >= OUTBOX_WARN_SHARE * b.max_bytes) or (
             b.max_messages and b.queued >= OUTBOX_WARN_SHARE * b.max_messages
         ):
             out.append(f"bridge {b.name}: outbox near full ({b.queued} messages, {_mib(b.bytes)})")
     for d in devices:
-        if not d.online:
-            out.append(f"{d.driver} device {d.name} is not connected")
+        if not d.online and not d.presence:
+            out.append(f"{d.driver} device {d.name} is {d.state_words}")
     for part in snap.parts:
         out.extend(part.warnings)
     if len(out) > MAX_WARNINGS:
         out[MAX_WARNINGS - 1 :] = [f"and {len(out) - MAX_WARNINGS + 1} more warnings"]
     return out
+
+
+def duration(seconds: float) -> str:
+    """``seconds`` as a person reads it: "42 s", "5 min 3 s", "2 h 10 min", "3 d 4 h"."""
+    s = max(0, math.floor(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    if s < 86400:
+        return f"{s // 3600} h {s % 3600 // 60} min"
+    return f"{s // 86400} d {s % 86400 // 3600} h"
 
 
 def _mib(value: float) -> str:

@@ -6,7 +6,10 @@ h11 (sans-IO, the shape of our MQTT codec) under an ``asyncio.Protocol``; with a
 certificate configured, the connection runs through the same ``TLSProtocol`` as the
 MQTT listeners. Every resource is bounded, each bound with its answer:
 
-- connections: at most ``max_connections`` at once; more get 503 and are closed;
+- connections: at most ``max_connections`` at once, a share of them for connections
+  without a complete request, a few per address; a newcomer beyond a budget gets the
+  slot of the oldest connection waiting for a request, which is closed
+  (``gateway.net.http_admission``); when every connection is being answered, 503;
 - request head (request line and headers): at most ``max_header_bytes``, else 431;
 - time: the head must arrive within ``request_timeout`` of its first byte (slowloris:
   408, closed), an idle keep-alive connection is closed after ``keepalive_timeout``,
@@ -40,7 +43,16 @@ import h11
 
 from gateway.broker.auth import PasswordAuthenticator, PasswordCheck
 from gateway.broker.logins import LoginThrottle, address_key
+from gateway.broker.ratelog import RateLimitedLog
 from gateway.net.endpoint import MAX_PENDING_HANDSHAKES, Endpoint, linger_close
+from gateway.net.http_admission import (
+    ADDRESS_FULL,
+    LISTENER_FULL,
+    REASONS,
+    Admission,
+    Budgets,
+    Eviction,
+)
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor
@@ -61,6 +73,8 @@ CREDENTIAL_TTL: Final = 60.0
 WRITE_HIGH: Final = 256 * 1024
 #: A bearer token shorter than this is refused (it would be guessable).
 MIN_TOKEN_LENGTH: Final = 16
+#: How a HEAD request starts.
+_HEAD: Final = b"HEAD "
 
 
 def read_token(path: Path) -> str:
@@ -85,9 +99,12 @@ Handler = Callable[[str], Response | None]
 class HTTPStats:
     """What the listener counts (read by the metrics collector)."""
 
-    connections: int = 0  # open now
     accepted: int = 0
-    refused: int = 0  # over max_connections, or over the TLS handshake bound
+    #: Every connection being answered (of the listener, or of the newcomer's
+    #: address), or over the TLS handshake bound.
+    refused: int = 0
+    #: Connections closed to make room for a newcomer, by reason (``REASONS``).
+    evicted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
     timeouts: int = 0  # slow or unfinished request heads
     auth_failures: int = 0
     #: Responses by status code (a handful of codes, so bounded).
@@ -196,7 +213,21 @@ class HTTPServer:
         self.credentials = credentials or Credentials()
         self.stats = HTTPStats()
         self.throttle = LoginThrottle(1024)
+        #: Every connection with a transport: those in a slot, and those closing.
         self.protocols: set[HTTPProtocol] = set()
+        self.admission: Admission[HTTPProtocol] = Admission(
+            Budgets(
+                settings.max_connections,
+                settings.unfinished_share,
+                settings.max_connections_per_address,
+                settings.unfinished_grace,
+            )
+        )
+        #: Connections that had their answer and linger to close (``linger_close``):
+        #: they hold no slot; at most ``max_connections`` (policy: oldest aborted).
+        self.lingering: OrderedDict[HTTPProtocol, None] = OrderedDict()
+        #: Lines about refused and evicted connections, at a bounded rate per address.
+        self.refusals = RateLimitedLog(log)
         self.addresses: list[tuple[str, int]] = []
         self._listener: asyncio.Server | None = None
         self._endpoint: HTTPEndpoint | None = None
@@ -258,6 +289,85 @@ class HTTPServer:
 
     def count(self, status: int) -> None:
         self.stats.responses[status] = self.stats.responses.get(status, 0) + 1
+
+    # ------------------------------------------------------------------ slots
+
+    def admit(self, proto: HTTPProtocol) -> bool:
+        """A slot for a new connection, closing others as the budgets say (counted,
+        logged at a bounded rate); False: refused."""
+        now = self.loop.time()
+        verdict = self.admission.admit(proto, proto.address, now)
+        for eviction in verdict.evicted:
+            self._evicted(eviction, proto.address, now)
+        if verdict.refused is None:
+            self.protocols.add(proto)
+            self.stats.accepted += 1
+            return True
+        self.stats.refused += 1
+        s = self.settings
+        why = (
+            f"its {s.max_connections_per_address} connections "
+            "(http.max_connections_per_address) are all being answered"
+            if verdict.refused == ADDRESS_FULL
+            else f"all {s.max_connections} connections (http.max_connections) are being answered"
+        )
+        self.refusals(
+            now,
+            proto.address,
+            "http: refusing a connection from %s with 503: %s (%d refused so far)",
+            proto.address,
+            why,
+            self.stats.refused,
+        )
+        return False
+
+    def _evicted(self, eviction: Eviction[HTTPProtocol], newcomer: str, now: float) -> None:
+        stats, s = self.stats, self.settings
+        stats.evicted[eviction.reason] += 1
+        slot = eviction.slot
+        if eviction.reason == ADDRESS_FULL:
+            why = (
+                f"{slot.address} has {s.max_connections_per_address} connections "
+                "(http.max_connections_per_address)"
+            )
+        elif eviction.reason == LISTENER_FULL:
+            why = f"all {s.max_connections} connections (http.max_connections) are taken"
+        else:
+            why = (
+                f"{self.admission.unfinished + 1} connections without a complete request "
+                f"hold {self.admission.budgets.max_unfinished} of {s.max_connections} "
+                "slots (http.unfinished_share)"
+            )
+        self.refusals(
+            now,
+            slot.address,
+            "http: closing a connection from %s, %s for %.1f s (open %.1f s), to admit "
+            "%s: %s (%d closed so far)",
+            slot.address,
+            slot.phase.value,
+            now - slot.since,
+            now - slot.opened,
+            newcomer,
+            why,
+            sum(stats.evicted.values()),
+        )
+        eviction.key.evict()
+
+    def release(self, proto: HTTPProtocol) -> None:
+        """``proto`` is closing: its slot is free; it lingers (bounded) until closed."""
+        self.admission.leave(proto)
+        if proto.transport is None:
+            return
+        self.lingering[proto] = None
+        while len(self.lingering) > self.settings.max_connections:
+            oldest, _ = self.lingering.popitem(last=False)
+            oldest.abort()
+
+    def lost(self, proto: HTTPProtocol) -> None:
+        """``proto``'s transport is gone."""
+        self.admission.leave(proto)
+        self.lingering.pop(proto, None)
+        self.protocols.discard(proto)
 
     # ------------------------------------------------------------------ authentication
 
@@ -355,6 +465,9 @@ class HTTPProtocol(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         #: The current request head has started arriving (its time limit runs).
         self._started = False
+        #: Its first bytes: a HEAD request that h11 could not read is still answered as
+        #: one, without a body.
+        self._prefix = b""
 
     # ------------------------------------------------------------------ connection
 
@@ -364,32 +477,20 @@ class HTTPProtocol(asyncio.Protocol):
         server = self.server
         peer = transport.get_extra_info("peername")
         self.address = address_key(f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer))
-        if len(server.protocols) >= server.settings.max_connections:
-            server.stats.refused += 1
-            if server.stats.refused & (server.stats.refused - 1) == 0:
-                log.warning(
-                    "http: %d connections open: refusing new ones with 503 (%d so far)",
-                    server.settings.max_connections,
-                    server.stats.refused,
-                )
-            self.closing = True
+        if not server.admit(self):
+            server.protocols.add(self)
             server.count(503)
             transport.write(
                 b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n"
                 b"retry-after: 1\r\nconnection: close\r\n\r\n"
             )
-            linger_close(transport, server.loop)
+            self._close()
             return
-        server.protocols.add(self)
-        server.stats.connections += 1
-        server.stats.accepted += 1
         transport.set_write_buffer_limits(high=WRITE_HIGH)
         self._arm(server.settings.request_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self in self.server.protocols:
-            self.server.protocols.discard(self)
-            self.server.stats.connections -= 1
+        self.server.lost(self)
         self._cancel_timer()
         self.transport = None
         self.closing = True
@@ -410,8 +511,14 @@ class HTTPProtocol(asyncio.Protocol):
 
     def abort(self) -> None:
         self.closing = True
+        self._cancel_timer()
         if self.transport is not None:
             self.transport.abort()
+
+    def evict(self) -> None:
+        """Closed to make room for a newcomer (its slot is taken already): nothing to
+        say to it, the socket is freed at once."""
+        self.abort()
 
     # ------------------------------------------------------------------ timers
 
@@ -443,6 +550,9 @@ class HTTPProtocol(asyncio.Protocol):
         if not self._started and data:
             self._started = True
             self._arm(self.server.settings.request_timeout)
+            self.server.admission.request_started(self, self.server.loop.time())
+        if len(self._prefix) < len(_HEAD):
+            self._prefix = (self._prefix + data)[: len(_HEAD)]
         self.conn.receive_data(data)
         if self.busy is None:
             self._process()
@@ -452,7 +562,7 @@ class HTTPProtocol(asyncio.Protocol):
             try:
                 event = self.conn.next_event()
             except h11.RemoteProtocolError as exc:
-                self._send_error(exc.error_status_hint)
+                self._send_error(exc.error_status_hint)  # no request read: see _prefix
                 return
             if event is h11.NEED_DATA:
                 return
@@ -461,34 +571,39 @@ class HTTPProtocol(asyncio.Protocol):
                 continue
             if isinstance(event, h11.Request):
                 self._request(event)
+            elif isinstance(event, h11.EndOfMessage):
+                # The request is read to its end (h11 reports it after the head, once
+                # our answer may already be sent): the keep-alive wait starts now.
+                self._next_cycle()
             elif isinstance(event, h11.ConnectionClosed):
                 self._close()
                 return
 
     def _request(self, request: h11.Request) -> None:
         self.requests += 1
+        self.server.admission.answering(self)
         # h11 bounds only a head that arrives in pieces; one that arrives whole is
         # measured here (request line and header lines, as sent).
         size = len(request.method) + len(request.target) + 12
         size += sum(len(name) + len(value) + 4 for name, value in request.headers)
         if size > self.server.settings.max_header_bytes:
-            self._send_error(431)
+            self._send_error(431, request=request)
             return
         if request.http_version not in (b"1.0", b"1.1"):
-            self._send_error(505)
+            self._send_error(505, request=request)
             return
         method = request.method
         if method not in (b"GET", b"HEAD"):
-            self._send_error(405, (("allow", "GET, HEAD"),))
+            self._send_error(405, (("allow", "GET, HEAD"),), request=request)
             return
         if any(
             name == b"transfer-encoding" or (name == b"content-length" and value != b"0")
             for name, value in request.headers
         ):
-            self._send_error(413)  # nothing here takes a body
+            self._send_error(413, request=request)  # nothing here takes a body
             return
         if not request.target.startswith(b"/"):
-            self._send_error(400)  # origin-form only (RFC 9112 3.2.1)
+            self._send_error(400, request=request)  # origin-form only (RFC 9112 3.2.1)
             return
         auth = None
         for name, value in request.headers:
@@ -538,16 +653,22 @@ class HTTPProtocol(asyncio.Protocol):
 
     # ------------------------------------------------------------------ output
 
-    def _send(self, response: Response, head: bool, close: bool = False) -> None:
+    def _send(
+        self, response: Response, head: bool, close: bool = False, *, read: bool = True
+    ) -> None:
+        """Answer: ``head`` leaves the body out. ``read`` says h11 read the request; a
+        HEAD it did not read has no Content-Length either (h11 would expect that many
+        bytes of body), and ends with the connection (RFC 9110 9.3.2 allows that)."""
         transport = self.transport
         self.busy = None
         if transport is None or self.closing:
             return
         self.server.count(response.status)
         close = close or self.requests >= self.server.settings.max_requests
+        length = [] if head and not read else [("content-length", str(len(response.body)))]
         headers = [
             ("content-type", response.content_type),
-            ("content-length", str(len(response.body))),
+            *length,
             ("cache-control", "no-store"),
             ("x-content-type-options", "nosniff"),
             *response.headers,
@@ -577,7 +698,14 @@ class HTTPProtocol(asyncio.Protocol):
         conn = self.conn
         if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
             conn.start_next_cycle()
-            self._started = bool(conn.trailing_data[0])
+            pending = conn.trailing_data[0]
+            self._started = bool(pending)
+            self._prefix = pending[: len(_HEAD)]
+            now = self.server.loop.time()
+            if self._started:
+                self.server.admission.request_started(self, now)
+            else:
+                self.server.admission.idle(self, now)
             self._arm(
                 self.server.settings.request_timeout
                 if self._started
@@ -586,12 +714,22 @@ class HTTPProtocol(asyncio.Protocol):
         elif conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
             self._close()
 
-    def _send_error(self, status: int, headers: tuple[tuple[str, str], ...] = ()) -> None:
-        """A request that breaks a rule: answer (when h11 still can) and close."""
+    def _send_error(
+        self,
+        status: int,
+        headers: tuple[tuple[str, str], ...] = (),
+        *,
+        request: h11.Request | None = None,
+    ) -> None:
+        """A request that breaks a rule: answer and close. ``request``: what h11 read
+        of it (None: it could not, or the head never finished); a HEAD request gets
+        its answer without a body either way."""
         if self.closing or self.transport is None:
             return
+        read = request is not None
+        head = (request.method if request is not None else self._prefix.rstrip()) == b"HEAD"
         body = f"{status} {_reason(status).decode()}\n".encode()
-        self._send(Response(status, body, headers=headers), False, close=True)
+        self._send(Response(status, body, headers=headers), head, close=True, read=read)
         self._close()
 
     def _close(self) -> None:
@@ -601,3 +739,4 @@ class HTTPProtocol(asyncio.Protocol):
         self._cancel_timer()
         if self.transport is not None:
             linger_close(self.transport, self.server.loop)
+        self.server.release(self)

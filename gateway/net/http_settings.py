@@ -24,6 +24,16 @@ class HTTPSettings(TLSOptions):
     password_file: str | None = option(None)
     token_file: str | None = option(None)
     max_connections: int = option(16, ge=1, le=1024)
+    #: Connections without a complete request (new, or a request head arriving) hold
+    #: at most this share of ``max_connections`` (beyond it the oldest of them is
+    #: closed), and one address (an IPv6 /64) at most ``max_connections_per_address``
+    #: connections (beyond it, its oldest waiting for a request is closed); see
+    #: ``gateway.net.http_admission``.
+    unfinished_share: float = option(0.5, gt=0, le=1)
+    max_connections_per_address: int = option(4, ge=1, le=1024)
+    #: An unfinished connection younger than this is not closed for the share while a
+    #: slot is free (a burst of connections is accepted before any request is read).
+    unfinished_grace: float = option(1.0, ge=0, le=DAY)
     max_header_bytes: int = option(8192, ge=1024, le=65536)
     request_timeout: float = option(10.0, gt=0, le=DAY)
     keepalive_timeout: float = option(5.0, gt=0, le=DAY)
