@@ -728,6 +728,7 @@ class BleSensors:
         out[base + "unknown devices"] = str(len(self.unknown))
         for key in ("unknown evicted", "devices refused", "callback errors"):
             out[base + key] = str(self.counts[key])
+        out[base + "counter save errors"] = str(self.counts.get("counter save errors", 0))
         for name, device in self.devices.items():
             st = device.stats
             prefix = f"sensors/ble/{name}/"

@@ -190,6 +190,7 @@ SYS_METRICS: dict[str, tuple[str, dict[str, str] | list[dict[str, str]] | None]]
     "sensors/ble/adapter/unknown evicted": ("ledge_ble_unknown_devices_evicted_total", {}),
     "sensors/ble/adapter/devices refused": ("ledge_ble_devices_refused_total", {}),
     "sensors/ble/adapter/callback errors": ("ledge_ble_callback_errors_total", {}),
+    "sensors/ble/adapter/counter save errors": ("ledge_ble_counter_save_errors_total", {}),
 }
 #: $SYS values with no metric of their own, and why.
 SYS_ELSEWHERE = {
@@ -322,6 +323,8 @@ def everything_world() -> World:
     advert("A4:C1:38:00:00:02", {})
     advert("11:22:33:44:55:66", {})  # a stranger
     ble._on_advert(BLEDevice("x", None, None), None)  # type: ignore[arg-type]  # fails: counted
+    for _ in range(2):  # the counters file could not be written, twice
+        ble._counter_save_failed(Path("/full/ble-counters.json"), OSError(28, "No space left"))
     watchdog = ble.watchdog
     watchdog.start(0.0)
     for step in range(1, 4):  # restart, power cycle, failed
@@ -392,6 +395,7 @@ def test_every_sys_value_has_its_metric_with_the_same_value() -> None:
     assert v.get("ledge_ble_device_adverts_total") == 4
     assert v.get("ledge_ble_adverts_total") == 5
     assert v.get("ledge_ble_callback_errors_total") == 1
+    assert v.get("ledge_ble_counter_save_errors_total") == 2
     assert v.get("ledge_ble_adapter_retries_total", adapter="hci0") == 1
     assert v.get("ledge_ble_adapter_recoveries_total", adapter="hci0") == 1
     assert v.get("ledge_ble_errors_total", reason="unknown_object") == 1

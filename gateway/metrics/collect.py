@@ -706,6 +706,11 @@ class BleSource:
             "Adverts the driver failed on (a bug, logged): not queued or not read.",
             counts["callback errors"],
         )
+        yield counter(
+            "ledge_ble_counter_save_errors_total",
+            "Failed writes of the encryption counters file (data_dir/ble-counters.json).",
+            counts.get("counter save errors", 0),
+        )
         gatt = [d.gatt for d in devices if d.gatt is not None]
         yield gauge(
             "ledge_ble_gatt_connected",
