@@ -190,7 +190,7 @@ SYS_METRICS: dict[str, tuple[str, dict[str, str] | list[dict[str, str]] | None]]
     "sensors/ble/adapter/unknown evicted": ("ledge_ble_unknown_devices_evicted_total", {}),
     "sensors/ble/adapter/devices refused": ("ledge_ble_devices_refused_total", {}),
     "sensors/ble/adapter/callback errors": ("ledge_ble_callback_errors_total", {}),
-    "sensors/ble/adapter/counter save errors": ("ledge_ble_counter_save_errors_total", {}),
+    "sensors/ble/adapter/counter save errors": ("ledge_ble_replay_state_write_errors_total", {}),
 }
 #: $SYS values with no metric of their own, and why.
 SYS_ELSEWHERE = {
@@ -395,7 +395,7 @@ def test_every_sys_value_has_its_metric_with_the_same_value() -> None:
     assert v.get("ledge_ble_device_adverts_total") == 4
     assert v.get("ledge_ble_adverts_total") == 5
     assert v.get("ledge_ble_callback_errors_total") == 1
-    assert v.get("ledge_ble_counter_save_errors_total") == 2
+    assert v.get("ledge_ble_replay_state_write_errors_total") == 2
     assert v.get("ledge_ble_adapter_retries_total", adapter="hci0") == 1
     assert v.get("ledge_ble_adapter_recoveries_total", adapter="hci0") == 1
     assert v.get("ledge_ble_errors_total", reason="unknown_object") == 1

@@ -707,7 +707,7 @@ class BleSource:
             counts["callback errors"],
         )
         yield counter(
-            "ledge_ble_counter_save_errors_total",
+            "ledge_ble_replay_state_write_errors_total",
             "Failed writes of the encryption counters file (data_dir/ble-counters.json).",
             counts.get("counter save errors", 0),
         )
