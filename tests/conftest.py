@@ -153,19 +153,43 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 # ---------------------------------------------------------------------- the SD-card image
 
 
+#: Tests that share one expensive thing run on one worker (``--dist loadgroup``):
+#: the pipeline's SparkSession (one JVM per worker otherwise) and the image and VM.
+GROUPS = (("tests/test_pipeline_", "spark"),)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Image tests run last: the image builds in the background meanwhile."""
+    """Image tests run last (the image builds in the background meanwhile), all on one
+    worker; the pipeline's tests share one worker's Spark session."""
     items.sort(key=lambda item: item.get_closest_marker("image") is not None)
+    for item in items:
+        if item.get_closest_marker("image") is not None:
+            item.add_marker(pytest.mark.xdist_group("image"))
+            continue
+        path = item.nodeid.split("::", 1)[0]
+        for prefix, group in GROUPS:
+            if path.startswith(prefix):
+                item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):  # once per run, before any worker
+        from tests.support import imagebuild
+
+        imagebuild.forget()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     if any(item.get_closest_marker("image") for item in session.items):
         from tests.support import imagebuild
 
-        imagebuild.start()
+        imagebuild.start()  # once per run, whichever worker collects first
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    if hasattr(session.config, "workerinput"):
+        return  # a worker: the build may still be another worker's to wait for
     from tests.support import imagebuild
 
     imagebuild.stop()

@@ -10,6 +10,8 @@ for the build while every other test has used the machine meanwhile.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -29,8 +31,35 @@ class _Build:
 
 
 _build = _Build()
-#: Figures the image tests measured, printed at the end of the run.
-REPORT: dict[str, str] = {}
+
+
+class _Report(dict[str, str]):
+    """Figures the image tests measured, printed at the end of the run by the process
+    that prints the summary (with workers, not the one that measured): kept in a file."""
+
+    FILE = OUT / "build.report.json"
+
+    def __setitem__(self, key: str, value: str) -> None:
+        super().__setitem__(key, value)
+        saved = self.saved()
+        saved[key] = value
+        self.FILE.parent.mkdir(parents=True, exist_ok=True)
+        self.FILE.write_text(json.dumps(saved))
+
+    def saved(self) -> dict[str, str]:
+        try:
+            loaded: dict[str, str] = json.loads(self.FILE.read_text())
+            return loaded
+        except (FileNotFoundError, ValueError):
+            return {}
+
+
+REPORT = _Report()
+#: Taken by the one process that starts the build (the tests may run on several
+#: workers, each collecting every test); the build writes its exit status to ``STATUS``.
+CLAIM = OUT / "build.claim"
+STATUS = OUT / "build.status"
+PID = OUT / "build.pid"
 
 
 def prebuilt() -> Path | None:
@@ -39,10 +68,15 @@ def prebuilt() -> Path | None:
 
 
 def start() -> None:
-    """Start ``image/build`` in the background (once)."""
+    """Start ``image/build`` in the background, once per run: the first process here
+    claims it; the others find it claimed and wait for ``STATUS``."""
     if _build.proc is not None or prebuilt() is not None:
         return
     OUT.mkdir(parents=True, exist_ok=True)
+    if not _claim(os.environ.get("PYTEST_XDIST_TESTRUNUID")):
+        return  # another worker of this run started it
+    STATUS.unlink(missing_ok=True)
+    _Report.FILE.unlink(missing_ok=True)
     for old in OUT.glob("ledge-*.img.xz"):
         old.unlink()  # never test an image left over from an earlier build
     _build.started = time.monotonic()
@@ -50,14 +84,36 @@ def start() -> None:
     # time, so the tests keep the other core). xz -1 instead of -6: several minutes
     # less, about a fifth bigger, the same image inside.
     command = [str(REPO / "image" / "build"), "--out", str(OUT), "--xz-level", "1"]
+    script = '"$@"; echo $? > "$STATUS.tmp"; mv "$STATUS.tmp" "$STATUS"'
     with LOG.open("wb") as log:
         _build.proc = subprocess.Popen(
-            command,
+            ["sh", "-c", script, "build", *command],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env={**os.environ, "STATUS": str(STATUS)},
         )
+    PID.write_text(str(_build.proc.pid))
+
+
+def _claim(run: str | None) -> bool:
+    """Whether this process is the one to start the build of run ``run`` (the
+    workers' common run id; None without workers): the claim file is made whole
+    and linked into place, which fails when it is there already."""
+    mine = OUT / f"build.claim.{os.getpid()}"
+    mine.write_text(run or "")
+    try:
+        while True:
+            try:
+                os.link(mine, CLAIM)
+                return True
+            except FileExistsError:
+                if run is not None and CLAIM.read_text() == run:
+                    return False
+                CLAIM.unlink(missing_ok=True)  # left by an earlier run
+    finally:
+        mine.unlink()
 
 
 def wait(timeout: float) -> Path:
@@ -66,16 +122,16 @@ def wait(timeout: float) -> Path:
     if given is not None:
         return given
     start()
-    proc = _build.proc
-    assert proc is not None
-    try:
-        rc = proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        stop()
-        raise AssertionError(f"image/build did not finish within {timeout} s; see {LOG}") from None
+    started = time.monotonic()
+    deadline = started + timeout
+    while not STATUS.exists():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"image/build did not finish within {timeout} s; see {LOG}")
+        time.sleep(1.0)  # a build of many minutes, polled from another process
+    rc = int(STATUS.read_text().strip() or "1")
     if not _build.finished:
         _build.finished = time.monotonic()
-        took = _build.finished - _build.started
+        took = _build.finished - (_build.started or started)
         REPORT["image build (in the background)"] = f"{took:.0f} s, log {LOG}"
     if rc != 0:
         tail = "\n".join(LOG.read_text(errors="replace").splitlines()[-40:])
@@ -85,20 +141,33 @@ def wait(timeout: float) -> Path:
 
 
 def stop() -> None:
-    """Stop a build still running (the run was cut short)."""
-    proc = _build.proc
-    if proc is not None and proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+    """Stop a build still running (the run was cut short). Called once per run, by
+    the process that runs no tests of its own when there are workers."""
+    try:
+        pid = int(PID.read_text())
+    except (FileNotFoundError, ValueError):
+        return
+    if not STATUS.exists():
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                os.killpg(pid, 0)  # raises once the group is gone
+                time.sleep(0.2)
+            os.killpg(pid, signal.SIGKILL)
+    PID.unlink(missing_ok=True)
+    CLAIM.unlink(missing_ok=True)
+
+
+def forget() -> None:
+    """A new run: no figures of an earlier one."""
+    _Report.FILE.unlink(missing_ok=True)
 
 
 def summary() -> list[str]:
-    lines = [f"{key}: {value}" for key, value in REPORT.items()]
-    if _build.proc is not None:  # built in this run: its stages and size
+    saved = REPORT.saved()
+    lines = [f"{key}: {value}" for key, value in saved.items()]
+    if "image build (in the background)" in saved:  # built in this run: stages, size
         for report in OUT.glob("ledge-*.build.txt"):
             lines += report.read_text().splitlines()
     return lines
