@@ -198,6 +198,8 @@ class Outbox:
             entry.dropped = True  # if it is in flight, its acknowledgement is ignored
             self.stats.dropped_full += 1
             self._gone(entry.pos, entry.size)
+            # Entries acknowledged behind it waited only for it: released, not dropped.
+            self._release_head()
             return True
         if self.spilled:
             i = self._spill_start
