@@ -1,12 +1,14 @@
 """Mutation testing: how many small bugs planted in the code do the fast tests catch?
 
-``python -m bench.mutate`` (``make mutate``) runs mutmut over one package at a time --
-``gateway/mqtt``, ``gateway/broker``, ``gateway/bridge`` -- with that package's fast,
-in-process tests (no gateway processes, no sockets), niced, in a scratch copy under
-``.mutate/<package>/`` so the checkout is never touched. mutmut plants one mutant at a
-time (an operator flipped, a constant changed, a call dropped) and runs the tests that
-cover the mutated function; a mutant no test fails on *survived*. Results are kept
-between runs: a second run only checks mutants of changed code.
+``python -m bench.mutate`` (``make mutate``) runs mutmut over one scope at a time -- the
+packages ``gateway/mqtt``, ``gateway/broker``, ``gateway/bridge``, ``gateway/mqttsn``,
+``gateway/metrics``, ``drivers``, and ``config`` (``gateway/config.py`` with every
+settings module) -- with that scope's fast, in-process tests (no gateway processes),
+niced, in a scratch copy under ``.mutate/<scope>/`` so the checkout is never touched.
+mutmut plants one mutant at a time (an operator flipped, a constant changed, a call
+dropped) and runs the tests that cover the mutated function; a mutant no test fails on
+*survived*. Results are kept between runs: a second run only checks mutants of changed
+code, so a run after a change costs what the change touched.
 
 The report (``.mutate/report.md``, also printed) gives per module: mutants, killed,
 survived, no covering test, timeouts, and the score, killed (timeouts included) over all
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
+import fnmatch
 import os
 import shutil
 import subprocess
@@ -31,38 +34,112 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / ".mutate"
 
-#: package -> the fast tests that exercise it (the mutants' judges). Tests that start a
-#: gateway process run once, for mutmut's map of which test covers which function, and
-#: never judge a mutant: the mutated code runs only in mutmut's own process.
-SCOPES: dict[str, tuple[str, ...]] = {
-    "mqtt": (
-        "tests/test_codec_vectors.py",
-        "tests/test_codec_fastpath.py",
-        "tests/test_topics.py",
-        "tests/test_subtree.py",
-        "tests/test_core_connect.py",
-        "tests/test_core_publish.py",
-        "tests/test_core_subscribe.py",
-        "tests/test_core_retain_will_session.py",
-        "tests/test_core_fastpath.py",
+
+@dataclass(frozen=True)
+class Scope:
+    """What mutmut plants bugs in (globs, relative to the repository) and the fast
+    tests that judge them."""
+
+    mutate: tuple[str, ...]
+    tests: tuple[str, ...]
+
+
+#: Settings modules: every config option is declared in one of them (``option()``).
+SETTINGS = (
+    "gateway/config.py",
+    "gateway/runtime.py",
+    "gateway/ble_settings.py",
+    "gateway/field_settings.py",
+    "gateway/broker/settings.py",
+    "gateway/bridge/settings.py",
+    "gateway/mqttsn/settings.py",
+    "gateway/net/settings.py",
+    "gateway/net/http_settings.py",
+    "gateway/store/settings.py",
+)
+
+#: scope -> what is mutated and the fast tests that exercise it (the mutants'
+#: judges). Tests that start a gateway process run once, for mutmut's map of which test
+#: covers which function, and never judge a mutant: the mutated code runs only in
+#: mutmut's own process.
+SCOPES: dict[str, Scope] = {
+    "mqtt": Scope(
+        ("gateway/mqtt/*",),
+        (
+            "tests/test_codec_vectors.py",
+            "tests/test_codec_fastpath.py",
+            "tests/test_topics.py",
+            "tests/test_subtree.py",
+            "tests/test_core_connect.py",
+            "tests/test_core_publish.py",
+            "tests/test_core_subscribe.py",
+            "tests/test_core_retain_will_session.py",
+            "tests/test_core_fastpath.py",
+            "tests/test_core_bridge_clients.py",
+        ),
     ),
-    "broker": (
-        "tests/test_core_acl.py",
-        "tests/test_core_connect.py",
-        "tests/test_core_fastpath.py",
-        "tests/test_core_logins.py",
-        "tests/test_core_publish.py",
-        "tests/test_core_retain_will_session.py",
-        "tests/test_core_subscribe.py",
-        "tests/test_publish_policy.py",
-        "tests/test_store.py",
-        "tests/test_limits.py",
-        "tests/test_local_and_taps.py",
-        "tests/test_subtree.py",
-        "tests/test_mqttsn_gateway.py",  # the MQTT-SN clients' broker sessions (proxy.py)
-        "tests/test_security_passwd.py",  # password files (auth.py)
+    "broker": Scope(
+        ("gateway/broker/*",),
+        (
+            "tests/test_core_acl.py",
+            "tests/test_core_connect.py",
+            "tests/test_core_fastpath.py",
+            "tests/test_core_logins.py",
+            "tests/test_core_publish.py",
+            "tests/test_core_retain_will_session.py",
+            "tests/test_core_subscribe.py",
+            "tests/test_core_sys_bridge_state.py",
+            "tests/test_core_bridge_clients.py",
+            "tests/test_publish_policy.py",
+            "tests/test_refusal_counts.py",
+            "tests/test_ratelog.py",
+            "tests/test_store.py",
+            "tests/test_limits.py",
+            "tests/test_local_and_taps.py",
+            "tests/test_subtree.py",
+            "tests/test_mqttsn_gateway.py",  # the MQTT-SN clients' broker sessions (proxy.py)
+            "tests/test_security_passwd.py",  # password files (auth.py)
+        ),
     ),
-    "bridge": ("tests/test_bridge_units.py",),
+    "bridge": Scope(("gateway/bridge/*",), ("tests/test_bridge_units.py",)),
+    "mqttsn": Scope(
+        ("gateway/mqttsn/*",),
+        (
+            "tests/test_mqttsn_gateway.py",
+            "tests/test_mqttsn_codec.py",
+            "tests/test_mqttsn_config.py",
+            "tests/test_metrics_collect.py",  # every counter, each by its own value
+            "tests/test_refusal_counts.py",
+        ),
+    ),
+    "metrics": Scope(
+        ("gateway/metrics/*",),
+        (
+            "tests/test_metrics_view.py",
+            "tests/test_metrics_collect.py",
+            "tests/test_status_page.py",
+        ),
+    ),
+    "drivers": Scope(
+        ("drivers/*",),
+        (
+            "tests/test_drivers.py",
+            "tests/test_ble_decoders.py",
+            "tests/test_ble_state.py",
+            "tests/test_serial.py",
+        ),
+    ),
+    "config": Scope(
+        SETTINGS,
+        (
+            "tests/test_config_cli.py",
+            "tests/test_config_bounds.py",
+            "tests/test_option_bounds.py",
+            "tests/test_config_reload_plan.py",
+            "tests/test_security_config.py",
+            "tests/test_mqttsn_config.py",
+        ),
+    ),
 }
 
 #: Functions that run only at import time (they build the codec's PUBACK..PUBCOMP
@@ -130,9 +207,9 @@ procs.MosquittoProcess.start = _skip  # type: ignore[assignment,method-assign]
 """
 
 
-def _copy(package: str, scope: tuple[str, ...]) -> Path:
-    """A scratch copy of what the tests import, with mutmut's config for ``package``."""
-    where = WORK / package
+def _copy(scope_name: str, scope: Scope) -> Path:
+    """A scratch copy of what the tests import, with mutmut's config for the scope."""
+    where = WORK / scope_name
     where.mkdir(parents=True, exist_ok=True)
     for name in ("gateway", "drivers", "tests"):
         target = where / name
@@ -140,15 +217,25 @@ def _copy(package: str, scope: tuple[str, ...]) -> Path:
             shutil.rmtree(target)
         shutil.copytree(REPO / name, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     pyproject = (REPO / "pyproject.toml").read_text()
-    quoted = ", ".join(f'"{path}"' for path in scope)
+    tests = ", ".join(f'"{path}"' for path in scope.tests)
+    globs = ", ".join(f'"{glob}"' for glob in scope.mutate)
+    # mutmut mutates under its source path and copies the other package as it is.
+    source, other = (
+        ("drivers", "gateway")
+        if scope.mutate[0].startswith("drivers/")
+        else (
+            "gateway",
+            "drivers",
+        )
+    )
     pyproject += (
         "\n[tool.mutmut]\n"
-        'source_paths = ["gateway"]\n'
-        f'only_mutate = ["gateway/{package}/*"]\n'
-        'also_copy = ["drivers"]\n'
+        f'source_paths = ["{source}"]\n'
+        f"only_mutate = [{globs}]\n"
+        f'also_copy = ["{other}"]\n'
         'pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "tests.mutate_plugin", '
         '"-q", "-x"]\n'
-        f"pytest_add_cli_args_test_selection = [{quoted}]\n"
+        f"pytest_add_cli_args_test_selection = [{tests}]\n"
     )
     (where / "pyproject.toml").write_text(pyproject)
     (where / "tests" / "mutate_plugin.py").write_text(PLUGIN)
@@ -173,16 +260,19 @@ def run(package: str, children: int, niceness: int) -> None:
 
 
 def results(package: str) -> tuple[list[Score], dict[str, list[str]]]:
-    """The scores of ``package``, file by file then in all, and its survivors by file
-    (from mutmut's meta files)."""
+    """The scores of scope ``package``, file by file then in all, and its survivors by
+    file (from mutmut's meta files, keyed by the file's path in the repository)."""
     import json
 
-    where = WORK / package / "mutants" / "gateway" / package
+    mutants = WORK / package / "mutants"
     total: Counter[str] = Counter()
     scores: list[Score] = []
     survivors: dict[str, list[str]] = {}
-    for meta in sorted(where.glob("*.py.meta")):
-        name = meta.name.removesuffix(".meta")
+    globs = SCOPES[package].mutate
+    for meta in sorted(mutants.rglob("*.py.meta")):
+        name = meta.relative_to(mutants).as_posix().removesuffix(".meta")
+        if not any(fnmatch.fnmatch(name, glob) for glob in globs):
+            continue
         counts: Counter[str] = Counter()
         data = json.loads(meta.read_text())
         for key, code in data["exit_code_by_key"].items():
@@ -193,9 +283,9 @@ def results(package: str) -> tuple[list[Score], dict[str, list[str]]]:
             if status in ("survived", "no tests"):
                 survivors.setdefault(name, []).append(key)
         if counts:
-            scores.append(Score(f"gateway/{package}/{name}", counts))
+            scores.append(Score(name, counts))
             total.update(counts)
-    scores.append(Score(f"**gateway/{package}**", total))
+    scores.append(Score(f"**{package}**", total))
     return scores, survivors
 
 
@@ -237,15 +327,17 @@ def report(packages: list[str], diffs: bool) -> str:
             )
         if diffs:
             for file, names in survivors.items():
-                path = WORK / package / "mutants" / "gateway" / package / file
-                functions = _functions(path)
-                details.append(f"\n### gateway/{package}/{file} ({len(names)} surviving)\n")
+                functions = _functions(WORK / package / "mutants" / file)
+                details.append(f"\n### {file} ({len(names)} surviving)\n")
                 details.extend(f"- `{name}`: `{_diff(functions, name)}`" for name in names)
-    scopes = "\n".join(f"- gateway/{p}: {', '.join(SCOPES[p])}" for p in packages)
+    scopes = "\n".join(
+        f"- {p} ({', '.join(SCOPES[p].mutate)}): {', '.join(SCOPES[p].tests)}" for p in packages
+    )
     return (
         "# Mutation testing (mutmut)\n\n"
         "Score: killed (with timeouts) over all mutants checked; a mutant no covering "
-        "test exists for counts as surviving.\n\n"
+        "test exists for counts as surviving. Equivalent mutants (no behaviour can tell "
+        "them apart) are listed with their reason in bench/mutate_equivalent.md.\n\n"
         "| module | checked | killed | survived | no tests | timeout | score | not checked "
         "| import time |\n|---|---|---|---|---|---|---|---|---|\n"
         + "\n".join(rows)
