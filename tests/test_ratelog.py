@@ -51,4 +51,15 @@ def test_the_table_of_sources_is_bounded_oldest_forgotten_first() -> None:
     refusals = RateLimitedLog(log, max_sources=3, max_lines=100)
     for n in range(10):
         refusals(0.0, f"s{n}", "x")
-    assert list(refusals.sources) == ["s7", "s8", "s9"]
+    assert [source for source, _ in refusals.sources] == ["s7", "s8", "s9"]
+
+
+def test_each_kind_of_line_has_its_own_interval_per_source(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    refusals = RateLimitedLog(log, interval=60.0)
+    caplog.set_level(logging.INFO, logger=log.name)
+    assert refusals(0.0, "10.0.0.1", "pool full for %s", "a")
+    assert refusals(1.0, "10.0.0.1", "bad packet from %s", "a")
+    assert not refusals(2.0, "10.0.0.1", "pool full for %s", "b")
+    assert lines(caplog) == ["pool full for a", "bad packet from a"]

@@ -48,12 +48,12 @@ def fail(ctx: Context, conn: Connection, error: MQTTError, now: float) -> None:
     code = error.reason_code
     reason = error.message
     if conn.state is State.NEW:
-        _refuse(ctx, conn, error)
+        _refuse(ctx, conn, error, now)
         close(ctx, conn, now, reason)
         return
     if code >= 0x80:
         ctx.stats.protocol_errors += 1
-        log.warning("closing %s: %s (%s)", conn.label, reason, describe(code))
+        ctx.refusals(now, conn.source, "closing %s: %s (%s)", conn.label, reason, describe(code))
     else:
         log.info("closing %s: %s", conn.label, reason)
     if conn.version == MQTT_5 and conn.state is State.CONNECTED:
@@ -63,20 +63,22 @@ def fail(ctx: Context, conn: Connection, error: MQTTError, now: float) -> None:
     close(ctx, conn, now, reason)
 
 
-def _refuse(ctx: Context, conn: Connection, error: MQTTError) -> None:
+def _refuse(ctx: Context, conn: Connection, error: MQTTError, now: float) -> None:
     """The answer to a CONNECT that is refused, or could not be read."""
     code = error.reason_code
     reason = error.message
     if isinstance(error, Refused):
         ctx.stats.connections_refused += 1
-        log.warning("refusing connection %s: %s (%s)", conn.label, reason, describe(code))
+        ctx.refusals(
+            now, conn.source, "refusing connection %s: %s (%s)", conn.label, reason, describe(code)
+        )
         if conn.version == MQTT_5:
             send(ctx, conn, ConnAck(False, code, _problem(conn, reason)))
         else:
             send(ctx, conn, ConnAck(False, connack_311(code)))
         return
     ctx.stats.protocol_errors += 1
-    log.warning("refusing connection %s: %s", conn.label, reason)
+    ctx.refusals(now, conn.source, "refusing connection %s: %s", conn.label, reason)
     if isinstance(error, BadProtocolName):
         return  # MQTT-3.1.2-1: close without CONNACK
     if isinstance(error, UnsupportedProtocolVersion):

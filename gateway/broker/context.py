@@ -127,11 +127,15 @@ class Context:
         #: Checks every QoS 1/2 PUBLISH from a client must pass (``publish_policy``):
         #: each gets the topic and payload size and returns why not, or None.
         self.publish_gates: list[Callable[[str, int], str | None]] = []
-        #: Log lines of PUBLISHes refused for their topic (``$SYS``, ``$share/``), at
-        #: most one per source address per minute: a client repeating one costs no log.
+        #: Log lines of refused PUBLISHes (``$SYS``, ``$share/``, the ACL, a payload
+        #: that is not what it says), at most one per source address per minute: a
+        #: client repeating one costs no log.
         self.publish_refusals = RateLimitedLog(
             logging.getLogger("ledge.broker"), level=logging.INFO
         )
+        #: Log lines of refused connections and protocol errors, the same way: a host
+        #: that reconnects to send garbage writes a line a minute, not one a packet.
+        self.refusals = RateLimitedLog(logging.getLogger("ledge.broker"))
 
     @property
     def logins(self) -> LoginThrottle:

@@ -281,15 +281,16 @@ class Broker(Context):
             self.overflow += 1
             return conn
         self.stats.connections_refused += 1
-        if self.stats.connections_refused & (self.stats.connections_refused - 1) == 0:
-            log.warning(
-                "connection from %s closed at once: all %d slots and %d refusal slots "
-                "in use (%d refused so far)",
-                peer,
-                settings.max_connections,
-                OVERFLOW_SLOTS,
-                self.stats.connections_refused,
-            )
+        self.refusals(
+            now,
+            source,
+            "connection from %s closed at once: all %d slots and %d refusal slots in use"
+            " (%d refused so far)",
+            peer,
+            settings.max_connections,
+            OVERFLOW_SLOTS,
+            self.stats.connections_refused,
+        )
         return None
 
     def trim_connecting(self, conn: Connection, now: float) -> None:

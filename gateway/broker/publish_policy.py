@@ -105,7 +105,9 @@ def receive(
         reason = "payload format indicator says UTF-8 but the payload is not"
         if qos == 0:
             raise MQTTError(reason, ReasonCode.PAYLOAD_FORMAT_INVALID)
-        log.info("refusing PUBLISH from %s on %r: %s", conn.label, topic, reason)
+        ctx.publish_refusals(
+            now, conn.source, "refusing PUBLISH from %s on %r: %s", conn.label, topic, reason
+        )
         code = ReasonCode.PAYLOAD_FORMAT_INVALID
     # -- 5. authorization
     elif topic.startswith("$SYS") and sys_write_refused(topic, conn.client_id):
@@ -131,7 +133,7 @@ def receive(
     elif conn.rules is not None and not conn.rules.can_write(topic):
         # Not authorized by the ACL: MQTT 5.0 acknowledges with 0x87, MQTT 3.1.1 has no
         # negative acknowledgement and the message is dropped (as mosquitto does).
-        _denied(ctx, conn, topic)
+        _denied(ctx, conn, topic, now)
         code = _NOT_AUTHORIZED
     # -- 6. gates
     elif qos and (ctx.store_full or ctx.publish_gates):
@@ -140,7 +142,7 @@ def receive(
             stats.publish_denied += 1
             if version != MQTT_5:
                 raise MQTTError(why, ReasonCode.QUOTA_EXCEEDED)
-            log.warning("refusing PUBLISH from %s: %s", conn.label, why)
+            ctx.refusals(now, conn.source, "refusing PUBLISH from %s: %s", conn.label, why)
             code = ReasonCode.QUOTA_EXCEEDED
     mark = len(journal.ops) if journal is not None else 0
     if code is _SUCCESS:
@@ -254,14 +256,15 @@ def _utf8(payload: bytes) -> bool:
     return True
 
 
-def _denied(ctx: Context, conn: Connection, topic: str) -> None:
-    """Count a PUBLISH the ACL refused; log the 1st, 2nd, 4th, 8th ... of them."""
+def _denied(ctx: Context, conn: Connection, topic: str, now: float) -> None:
+    """Count a PUBLISH the ACL refused; its line at most once a minute per address."""
     stats = ctx.stats
     stats.publish_denied += 1
-    if stats.publish_denied & (stats.publish_denied - 1) == 0:
-        log.info(
-            "refusing PUBLISH from %s to %r: not authorized (%d refused so far)",
-            conn.label,
-            topic,
-            stats.publish_denied,
-        )
+    ctx.publish_refusals(
+        now,
+        conn.source,
+        "refusing PUBLISH from %s to %r: not authorized (%d refused so far)",
+        conn.label,
+        topic,
+        stats.publish_denied,
+    )

@@ -4,7 +4,8 @@ argument.
 Every listener and transport refuses things (a CONNECT on a full pool, a wake from the
 wrong address, a request from an address over its share). Each refusal is counted in
 full by its owner's statistics; its log line is written at most once per ``interval``
-per source address, and the next line that source gets says how many were left out.
+per source address and kind of line (its message template), and the next such line
+says how many were left out.
 Sources are many on a hostile LAN (spoofed UDP sources cost nothing), so the table of
 addresses is bounded (``max_sources``, oldest forgotten first) and so is the number of
 lines per interval across all sources (``max_lines``); past it, one summary line per
@@ -55,19 +56,20 @@ class RateLimitedLog:
         self.interval = interval
         self.max_lines = max_lines
         self.max_sources = max_sources
-        #: source -> [time of its last line, refusals left out since]
-        self.sources: OrderedDict[str, list[float]] = OrderedDict()
+        #: (source, message template) -> [time of its last line, left out since]
+        self.sources: OrderedDict[tuple[str, str], list[float]] = OrderedDict()
         self._window = float("-inf")
         self._lines = 0
         self._hidden = 0
         self._hidden_sources: set[str] = set()
 
     def __call__(self, now: float, source: str, message: str, *args: object) -> bool:
-        """Log ``message % args`` about ``source`` unless its line is due later.
-        True when a line was written."""
+        """Log ``message % args`` about ``source`` unless a line of this kind about it
+        is due later. True when a line was written."""
         if now - self._window >= self.interval:
             self._close_window(now)
-        entry = self.sources.get(source)
+        key = (source, message)
+        entry = self.sources.get(key)
         if entry is not None and now - entry[0] < self.interval:
             entry[1] += 1
             return False
@@ -81,9 +83,9 @@ class RateLimitedLog:
         if entry is None:
             if len(self.sources) >= self.max_sources:
                 self.sources.popitem(last=False)
-            entry = self.sources[source] = [now, 0.0]
+            entry = self.sources[key] = [now, 0.0]
         else:
-            self.sources.move_to_end(source)
+            self.sources.move_to_end(key)
             entry[0], entry[1] = now, 0.0
         if left_out:
             self.log.log(
