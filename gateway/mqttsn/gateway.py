@@ -20,20 +20,14 @@ Section numbers refer to the MQTT-SN 1.2 specification.
 
 from __future__ import annotations
 
-import logging
 from collections import deque
-from collections.abc import Callable, Hashable
-from dataclasses import dataclass
-from enum import IntEnum
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
-from gateway.broker.buckets import SourceBuckets, TokenBucket
-from gateway.broker.logins import address_key
 from gateway.broker.proxy import INVALID, NO_ROOM, NOT_AUTHORIZED, ProxyClient
 from gateway.broker.publish_policy import sys_write_refused
-from gateway.broker.ratelog import RateLimitedLog
-from gateway.broker.timers import Handle, Timers
 from gateway.mqtt.topics import has_wildcard, topic_name_error
+from gateway.mqttsn import addresses
 from gateway.mqttsn.codec import (
     RETAIN,
     TOPIC_ID_TYPE,
@@ -46,6 +40,7 @@ from gateway.mqttsn.codec import (
     flags_qos,
     peek_publish,
 )
+from gateway.mqttsn.context import Context, SnClient, log, sparse
 from gateway.mqttsn.packets import (
     PROTOCOL_ID,
     RESERVED_TOPIC_IDS,
@@ -84,29 +79,37 @@ from gateway.mqttsn.packets import (
     short_topic,
 )
 from gateway.mqttsn.settings import MqttSnSettings
+from gateway.mqttsn.state import (
+    BROADCAST,
+    CONNECTED_STATES,
+    MAX_CLIENT_ID,
+    MAX_INBOUND_QOS2,
+    Address,
+    Datagram,
+    Key,
+    Outbound,
+    State,
+    Step,
+    TransportPolicy,
+    Will,
+)
 
 if TYPE_CHECKING:
-    from gateway.broker.acl import Acl, Rules
+    from gateway.broker.acl import Acl
     from gateway.broker.core import Broker
     from gateway.broker.message import Message
 
-log = logging.getLogger("ledge.mqttsn")
-
-Address = Hashable
-#: One datagram or frame to send: transport label, address, bytes.
-Datagram = tuple[str, Address, bytes]
-
-#: The address of "everyone on this transport" (ADVERTISE).
-BROADCAST: Final = "<broadcast>"
-
-#: Inbound QoS 2 messages one client may have between PUBLISH and PUBREL; beyond that
-#: its QoS 2 PUBLISH gets PUBACK "rejected: congestion".
-MAX_INBOUND_QOS2: Final = 16
-
-#: Longest client id accepted (the specification says 1-23 characters; like MQTT
-#: 3.1.1 servers we accept longer ones).
-MAX_CLIENT_ID: Final = 64
-
+__all__ = [
+    "BROADCAST",
+    "MAX_CLIENT_ID",
+    "MAX_INBOUND_QOS2",
+    "Address",
+    "Datagram",
+    "Gateway",
+    "SnClient",
+    "State",
+    "TransportPolicy",
+]
 
 #: The return code (section 5.3.10) for each kind of broker refusal: MQTT-SN has no
 #: "not authorized", so what the ACL forbids is "not supported".
@@ -117,185 +120,8 @@ _RETURN_CODES: Final = {
 }
 
 
-class State(IntEnum):
-    """Client states, section 6.14 Figure 4 (``CONNECTING``: in the Will prompts)."""
-
-    CONNECTING = 0
-    ACTIVE = 1
-    ASLEEP = 2
-    AWAKE = 3
-    DISCONNECTED = 4  # clean session 0: subscriptions and registrations remembered
-
-
-#: States in which a client has a connection (PUBLISH, SUBSCRIBE... are taken).
-_CONNECTED_STATES: Final = frozenset({State.ACTIVE, State.ASLEEP, State.AWAKE})
-
-
-# Outbound steps waiting for the client (section 6.13 retransmission applies to each).
-_REGISTERING: Final = 1
-_AWAIT_PUBACK: Final = 2
-_AWAIT_PUBREC: Final = 3
-_AWAIT_PUBCOMP: Final = 4
-
-
-@dataclass(frozen=True, slots=True)
-class TransportPolicy:
-    """What a transport lets in."""
-
-    label: str
-    allow_client_ids: frozenset[str] = frozenset()
-    #: ADVERTISE can be sent (broadcast addresses, or a serial line).
-    can_broadcast: bool = False
-
-
-class Outbound:
-    """One message on its way to one client."""
-
-    __slots__ = ("id_type", "message", "msg_id", "qos", "retain", "step", "topic_id")
-
-    def __init__(self, message: Message, qos: int, retain: bool) -> None:
-        self.message = message
-        self.qos = qos
-        self.retain = retain
-        self.msg_id = 0
-        self.topic_id = 0
-        self.id_type: int = TopicIdType.NORMAL
-        self.step = 0
-
-
-class Will:
-    __slots__ = ("message", "qos", "retain", "topic")
-
-    def __init__(self, topic: str, qos: int, retain: bool) -> None:
-        self.topic = topic
-        self.qos = qos
-        self.retain = retain
-        self.message = b""
-
-
-class SnClient:
-    """One MQTT-SN client. Collections are made on first use: an idle client is small."""
-
-    __slots__ = (
-        "address",
-        "clean",
-        "client_id",
-        "duration",
-        "gateway",
-        "held_batch",
-        "holding",
-        "inbound_qos2",
-        "inflight",
-        "key",
-        "last_rx",
-        "next_msg_id",
-        "next_topic_id",
-        "node_id",
-        "origin",
-        "proven",
-        "proxy",
-        "queue",
-        "retries",
-        "retry_timer",
-        "sleep_duration",
-        "source",
-        "state",
-        "timer",
-        "topic_ids",
-        "transport",
-        "will",
-    )
-
-    def __init__(
-        self, gateway: Gateway, key: tuple[str, Address, bytes], client_id: str, now: float
-    ) -> None:
-        self.gateway = gateway
-        self.move(key)
-        self.client_id = client_id
-        self.state = State.DISCONNECTED
-        self.clean = True
-        self.duration = 0
-        self.sleep_duration = 0
-        self.last_rx = now
-        #: Heard from since its CONNACK (see ``MqttSnSettings.unproven_share``).
-        self.proven = False
-        self.timer: Handle | None = None
-        self.retry_timer: Handle | None = None
-        self.retries = 0
-        self.proxy: ProxyClient | None = None
-        self.will: Will | None = None
-        #: Topic name -> id, for ids this gateway assigned (section 6.5). Looked up
-        #: backwards by a scan: the table is small (``max_topics_per_client``) and one
-        #: dict per client instead of two saves memory on idle clients.
-        self.topic_ids: dict[str, int] | None = None
-        self.next_topic_id = 1
-        self.next_msg_id = 1
-        self.queue: deque[Outbound] | None = None
-        self.inflight: Outbound | None = None
-        self.inbound_qos2: set[int] | None = None
-        #: Deliveries wait while a SUBACK is being written (retained messages follow it).
-        self.holding = False
-        #: Output to this client waits for this store batch (acknowledged means durable).
-        self.held_batch = 0
-
-    def move(self, key: tuple[str, Address, bytes]) -> None:
-        """The client is at ``key`` now (a new source port, a new forwarder)."""
-        self.key = key
-        self.transport, self.address, self.node_id = key
-        self.source = _source(self.address)
-        self.origin = _origin(key)
-
-    def __repr__(self) -> str:
-        return f"SnClient({self.client_id!r}, {self.state.name}, {self.where})"
-
-    @property
-    def where(self) -> str:
-        node = f" node {self.node_id.hex()}" if self.node_id else ""
-        return f"{_address_text(self.address)}{node} ({self.transport})"
-
-    def receive(self, msg: Message, qos: int, retain: bool, _sub_ids: tuple[int, ...]) -> None:
-        """The broker's sink: a message for this client's subscriptions."""
-        self.gateway.deliver(self, msg, qos, retain)
-
-    def allocate_msg_id(self) -> int:
-        msg_id = self.next_msg_id
-        self.next_msg_id = msg_id + 1 if msg_id < 0xFFFF else 1
-        return msg_id
-
-
-@dataclass(slots=True)
-class SnStats:
-    """The firmware bridge's counters (``$SYS/broker/mqttsn/...``)."""
-
-    messages_received: int = 0
-    messages_sent: int = 0
-    malformed: int = 0
-    connects: int = 0
-    clients_refused: int = 0
-    clients_lost: int = 0
-    clients_evicted: int = 0
-    #: Connected clients without a keep-alive evicted for a newcomer (table full).
-    clients_evicted_silent: int = 0
-    #: CONNECTs refused because their source IP has ``max_clients_per_address``.
-    clients_refused_per_address: int = 0
-    #: CONNECTs refused for ``max_connect_rate`` or ``max_connect_rate_per_address``.
-    clients_refused_rate: int = 0
-    #: Unproven clients (silent since their CONNACK) evicted for a newcomer.
-    clients_evicted_unproven: int = 0
-    #: PINGREQs naming a sleeping client, sent from elsewhere than it connected from.
-    wakes_refused: int = 0
-    dropped_queue_full: int = 0
-    dropped_topic_table: int = 0
-    dropped_offline_qos0: int = 0
-    dropped_too_large: int = 0
-    publish_refused: int = 0
-    qos_minus_one: int = 0
-    retransmissions: int = 0
-    not_connected: int = 0
-
-
-class Gateway:
-    """All MQTT-SN client state; driven by the shell with time as an argument."""
+class Gateway(Context):
+    """The dispatcher over the shared state; driven by the shell with time as an argument."""
 
     def __init__(
         self,
@@ -307,30 +133,7 @@ class Gateway:
         now: float = 0.0,
         kick: Callable[[], None] | None = None,
     ) -> None:
-        self.broker = broker
-        self.settings = settings
-        self.transports = {t.label: t for t in transports}
-        self.acl = acl
-        self.kick = kick or _nothing
-        self.timers = Timers()
-        self.out: list[Datagram] = []
-        #: Output waiting for a store batch: (batch, client, datagram), in order.
-        self.held: deque[tuple[int, SnClient, Datagram]] = deque()
-        self.by_key: dict[tuple[str, Address, bytes], SnClient] = {}
-        self.by_id: dict[str, SnClient] = {}
-        #: Clients not heard from since their CONNACK, oldest first.
-        self.unproven: dict[str, SnClient] = {}
-        self.connecting = 0
-        self.connect_rate = TokenBucket(settings.max_connect_rate, now)
-        self.connect_rate_by_source = SourceBuckets(settings.max_connect_rate_per_address)
-        #: Refusals and unreadable input: one line per source a minute.
-        self.refusals = RateLimitedLog(log)
-        self.stats = SnStats()
-        self.predefined = dict(settings.predefined_topics)
-        self.predefined_ids = {name: tid for tid, name in self.predefined.items()}
-        self._anonymous: ProxyClient | None = None
-        #: The time of the event being handled.
-        self.now = now
+        super().__init__(broker, settings, transports, acl=acl, now=now, kick=kick)
         if settings.advertise_interval > 0 and any(t.can_broadcast for t in transports):
             self.timers.at(now, self._advertise_timer, None)
 
@@ -346,7 +149,7 @@ class Gateway:
             flags, topic_id, msg_id, payload = peeked
             client = self.by_key.get((transport, address, b""))
             qos = flags_qos(flags)
-            if client is not None and qos >= 0 and client.state in _CONNECTED_STATES:
+            if client is not None and qos >= 0 and client.state in CONNECTED_STATES:
                 self.stats.messages_received += 1
                 self._heard(client, now)
                 self._publish_fields(
@@ -374,7 +177,7 @@ class Gateway:
         handler = _HANDLERS.get(type(packet))
         if handler is None:
             # ADVERTISE, GWINFO and the messages only a gateway sends: ignored.
-            log.debug("%s: ignoring %s", _where(key), type(packet).__name__)
+            log.debug("%s: ignoring %s", addresses.where(key), type(packet).__name__)
             return
         handler(self, key, packet, now)
 
@@ -415,9 +218,9 @@ class Gateway:
         for client in list(self.by_id.values()):
             client.will = None
             self._forget(client, now)
-        if self._anonymous is not None:
-            self._anonymous.close(now)
-            self._anonymous = None
+        if self.anonymous is not None:
+            self.anonymous.close(now)
+            self.anonymous = None
 
     def sys_values(self) -> dict[str, str]:
         """Values under ``$SYS/broker/`` (added to the broker's ``sys_sources``)."""
@@ -451,7 +254,7 @@ class Gateway:
 
     # ================================================================== output
 
-    def _send_to(self, key: tuple[str, Address, bytes], data: bytes) -> None:
+    def _send_to(self, key: Key, data: bytes) -> None:
         transport, address, node_id = key
         if node_id:
             data = encapsulate(node_id, data)
@@ -476,7 +279,7 @@ class Gateway:
 
     # ================================================================== connect (6.2)
 
-    def _connect(self, key: tuple[str, Address, bytes], packet: Connect, now: float) -> None:
+    def _connect(self, key: Key, packet: Connect, now: float) -> None:
         cid = packet.client_id
         st = self.stats
         too_fast = self._connect_rate_exceeded(key, now)
@@ -533,20 +336,23 @@ class Gateway:
             client.will = None  # 6.3: CleanSession=true, Will=false deletes the Will
         self._accept(client, now)
 
-    def _refuse_connect(
-        self, key: tuple[str, Address, bytes], cid: str, code: int, why: str, now: float
-    ) -> None:
+    def _refuse_connect(self, key: Key, cid: str, code: int, why: str, now: float) -> None:
         """CONNACK ``code``; the line about it at a bounded rate per source."""
         self.refusals(
-            now, _log_source(key), "%s: refusing CONNECT of %r: %s", _where(key), cid, why
+            now,
+            addresses.log_source(key),
+            "%s: refusing CONNECT of %r: %s",
+            addresses.where(key),
+            cid,
+            why,
         )
         self._send_to(key, encode(ConnAck(code)))
 
-    def _connect_rate_exceeded(self, key: tuple[str, Address, bytes], now: float) -> str | None:
+    def _connect_rate_exceeded(self, key: Key, now: float) -> str | None:
         """Why a CONNECT now is over ``max_connect_rate_per_address`` (UDP sources) or
         ``max_connect_rate`` (everyone), or None."""
         settings = self.settings
-        source = _source(key[1])
+        source = addresses.source(key[1])
         if source is not None and not self.connect_rate_by_source.take(source, now):
             rate = settings.max_connect_rate_per_address
             return (
@@ -558,9 +364,7 @@ class Gateway:
             return f"more than {rate:g} CONNECTs a second in all (mqttsn.max_connect_rate)"
         return None
 
-    def _connect_refusal(
-        self, key: tuple[str, Address, bytes], packet: Connect
-    ) -> tuple[int, str] | None:
+    def _connect_refusal(self, key: Key, packet: Connect) -> tuple[int, str] | None:
         cid = packet.client_id
         if packet.protocol_id != PROTOCOL_ID:
             return ReturnCode.NOT_SUPPORTED, f"protocol id 0x{packet.protocol_id:02x} is not 0x01"
@@ -575,14 +379,15 @@ class Gateway:
             return ReturnCode.CONGESTION, f"{self.connecting} clients already connecting"
         return None
 
-    def _resume(
-        self, client: SnClient, key: tuple[str, Address, bytes], packet: Connect, now: float
-    ) -> SnClient:
+    def _resume(self, client: SnClient, key: Key, packet: Connect, now: float) -> SnClient:
         """A client id we know connects again (maybe from a new address)."""
         if client.key != key:
             if self.by_key.get(client.key) is client:
                 log.info(
-                    "client %r moves from %s to %s", client.client_id, client.where, _where(key)
+                    "client %r moves from %s to %s",
+                    client.client_id,
+                    client.where,
+                    addresses.where(key),
                 )
                 del self.by_key[client.key]
             client.move(key)
@@ -603,12 +408,12 @@ class Gateway:
         self._drop_queue(client)
         client.will = None
 
-    def _address_full(self, key: tuple[str, Address, bytes], cid: str) -> bool:
+    def _address_full(self, key: Key, cid: str) -> bool:
         """``max_clients_per_address`` clients already hold a connection from the source
         of ``key`` (its IPv4 address or IPv6 /64, any port, any node behind a forwarder
         there), not counting the client ``cid`` itself or the one at ``key`` (this
         CONNECT replaces both). A serial line is one wired coordinator: not limited."""
-        source = _source(key[1])
+        source = addresses.source(key[1])
         if source is None:
             return False
         limit = self.settings.max_clients_per_address
@@ -620,11 +425,11 @@ class Gateway:
                     return True
         return False
 
-    def _evict_unproven_at(self, key: tuple[str, Address, bytes], cid: str, now: float) -> bool:
+    def _evict_unproven_at(self, key: Key, cid: str, now: float) -> bool:
         """The source of ``key`` is at ``max_clients_per_address``: the oldest unproven
         client from there (not ``cid`` itself) makes room, whatever its age (a source's
         own clients are all it can push out). False when there is none."""
-        source = _source(key[1])
+        source = addresses.source(key[1])
         for client in self.unproven.values():
             if client.source == source and client.client_id != cid:
                 why = f"{self.settings.max_clients_per_address} clients from {source}"
@@ -638,7 +443,7 @@ class Gateway:
         publish one); a persistent session is kept, disconnected."""
         st = self.stats
         st.clients_evicted_unproven += 1
-        if _sparse(st.clients_evicted_unproven):
+        if sparse(st.clients_evicted_unproven):
             log.warning(
                 "client %r at %s, silent for %.1f s since its CONNACK, evicted to admit %r:"
                 " %s (%d evicted so far)",
@@ -694,7 +499,7 @@ class Gateway:
                 idle = client
         if gone is not None:
             self.stats.clients_evicted += 1
-            if _sparse(self.stats.clients_evicted):
+            if sparse(self.stats.clients_evicted):
                 log.info(
                     "forgetting the disconnected session of %r to make room (%d forgotten so far)",
                     gone.client_id,
@@ -706,7 +511,7 @@ class Gateway:
             return False
         st = self.stats
         st.clients_evicted_silent += 1
-        if _sparse(st.clients_evicted_silent):
+        if sparse(st.clients_evicted_silent):
             log.warning(
                 "client %r at %s evicted for %r: all %d client slots in use and it has no"
                 " keep alive and was silent for %.0f s (%d evicted so far)",
@@ -730,14 +535,14 @@ class Gateway:
         if client.state is State.CONNECTING:
             self.connecting -= 1
         if client.will is not None:
-            rules = self._rules(client)
+            rules = self.rules(client)
             if sys_write_refused(client.will.topic, client.client_id) or (
                 rules is not None and not rules.can_write(client.will.topic)
             ):
                 self.stats.clients_refused += 1
                 self.refusals(
                     now,
-                    _log_source(client.key),
+                    addresses.log_source(client.key),
                     "%s: refusing CONNECT of %r: not authorized to publish its will on %r",
                     client.where,
                     client.client_id,
@@ -768,7 +573,7 @@ class Gateway:
             self._resend(client, now)
         self._pump(client, now)
 
-    def _will_topic(self, key: tuple[str, Address, bytes], packet: WillTopic, now: float) -> None:
+    def _will_topic(self, key: Key, packet: WillTopic, now: float) -> None:
         client = self.by_key.get(key)
         if client is None or client.state is not State.CONNECTING:
             return self._not_connected(key, packet)
@@ -780,9 +585,9 @@ class Gateway:
             self.stats.clients_refused += 1
             self.refusals(
                 now,
-                _log_source(key),
+                addresses.log_source(key),
                 "%s: refusing CONNECT of %r: bad will topic %r",
-                _where(key),
+                addresses.where(key),
                 client.client_id,
                 packet.topic,
             )
@@ -793,7 +598,7 @@ class Gateway:
         self._send(client, WillMsgReq())
         return None
 
-    def _will_msg(self, key: tuple[str, Address, bytes], packet: WillMsg, now: float) -> None:
+    def _will_msg(self, key: Key, packet: WillMsg, now: float) -> None:
         client = self.by_key.get(key)
         if client is None or client.state is not State.CONNECTING or client.will is None:
             return self._not_connected(key, packet)
@@ -809,9 +614,7 @@ class Gateway:
 
     # ================================================================== will updates (6.4)
 
-    def _will_topic_upd(
-        self, key: tuple[str, Address, bytes], packet: WillTopicUpd, now: float
-    ) -> None:
+    def _will_topic_upd(self, key: Key, packet: WillTopicUpd, now: float) -> None:
         client = self._connected(key, packet, now)
         if client is None:
             return
@@ -819,7 +622,7 @@ class Gateway:
             client.will = None
             self._send(client, WillTopicResp(ReturnCode.ACCEPTED))
             return
-        rules = self._rules(client)
+        rules = self.rules(client)
         if (
             topic_name_error(packet.topic)
             or sys_write_refused(packet.topic, client.client_id)
@@ -832,9 +635,7 @@ class Gateway:
         client.will.message = message
         self._send(client, WillTopicResp(ReturnCode.ACCEPTED))
 
-    def _will_msg_upd(
-        self, key: tuple[str, Address, bytes], packet: WillMsgUpd, now: float
-    ) -> None:
+    def _will_msg_upd(self, key: Key, packet: WillMsgUpd, now: float) -> None:
         client = self._connected(key, packet, now)
         if client is None:
             return
@@ -846,7 +647,7 @@ class Gateway:
 
     # ================================================================== discovery (6.1)
 
-    def _searchgw(self, key: tuple[str, Address, bytes], packet: SearchGw, now: float) -> None:
+    def _searchgw(self, key: Key, packet: SearchGw, now: float) -> None:
         self._send_to(key, encode(GwInfo(self.settings.gateway_id)))
 
     def _advertise_timer(self, _arg: object, now: float) -> None:
@@ -861,9 +662,7 @@ class Gateway:
 
     # ================================================================== keep alive, sleep
 
-    def _connected(
-        self, key: tuple[str, Address, bytes], packet: Packet, now: float
-    ) -> SnClient | None:
+    def _connected(self, key: Key, packet: Packet, now: float) -> SnClient | None:
         """The client at ``key`` if it has a connection (active, awake or asleep);
         else it is told with DISCONNECT that it has none."""
         client = self.by_key.get(key)
@@ -881,11 +680,13 @@ class Gateway:
             if self.unproven.get(client.client_id) is client:
                 del self.unproven[client.client_id]
 
-    def _not_connected(self, key: tuple[str, Address, bytes], packet: Packet) -> None:
+    def _not_connected(self, key: Key, packet: Packet) -> None:
         """A message that needs a connection from someone without one: DISCONNECT tells
         the device to connect (again, e.g. after this gateway restarted)."""
         self.stats.not_connected += 1
-        log.debug("%s: %s without a connection: DISCONNECT", _where(key), type(packet).__name__)
+        log.debug(
+            "%s: %s without a connection: DISCONNECT", addresses.where(key), type(packet).__name__
+        )
         self._send_to(key, encode(Disconnect()))
 
     def _keepalive(self, client: SnClient, now: float) -> None:
@@ -919,7 +720,7 @@ class Gateway:
             return
         self._lost(client, now, why)
 
-    def _pingreq(self, key: tuple[str, Address, bytes], packet: PingReq, now: float) -> None:
+    def _pingreq(self, key: Key, packet: PingReq, now: float) -> None:
         client = self.by_key.get(key)
         if packet.client_id:
             named = self.by_id.get(packet.client_id)
@@ -932,13 +733,13 @@ class Gateway:
                 # CONNECTs again: the DISCONNECT below tells it to.
                 if named.state not in (State.ASLEEP, State.AWAKE):
                     return self._not_connected(key, packet)
-                if _origin(key) != named.origin:
+                if addresses.origin(key) != named.origin:
                     self.stats.wakes_refused += 1
                     self.refusals(
                         now,
-                        _log_source(key),
+                        addresses.log_source(key),
                         "%s: PINGREQ waking %r refused: it connected from %s",
-                        _where(key),
+                        addresses.where(key),
                         named.client_id,
                         named.where,
                     )
@@ -963,7 +764,7 @@ class Gateway:
         self._send(client, PingResp())
         return None
 
-    def _disconnect(self, key: tuple[str, Address, bytes], packet: Disconnect, now: float) -> None:
+    def _disconnect(self, key: Key, packet: Disconnect, now: float) -> None:
         client = self.by_key.get(key)
         if client is None or client.state in (State.CONNECTING, State.DISCONNECTED):
             # Nothing to end; confirm anyway so the device stops waiting.
@@ -1038,7 +839,7 @@ class Gateway:
 
     # ================================================================== register (6.5)
 
-    def _register(self, key: tuple[str, Address, bytes], packet: Register, now: float) -> None:
+    def _register(self, key: Key, packet: Register, now: float) -> None:
         client = self._connected(key, packet, now)
         if client is None:
             return
@@ -1081,12 +882,12 @@ class Gateway:
         ids[name] = topic_id
         return topic_id
 
-    def _regack(self, key: tuple[str, Address, bytes], packet: RegAck, now: float) -> None:
+    def _regack(self, key: Key, packet: RegAck, now: float) -> None:
         client = self._connected(key, packet, now)
         if client is None:
             return
         entry = client.inflight
-        if entry is None or entry.step != _REGISTERING or entry.msg_id != packet.msg_id:
+        if entry is None or entry.step != Step.REGISTERING or entry.msg_id != packet.msg_id:
             return
         self._stop_retry(client)
         client.inflight = None
@@ -1128,7 +929,7 @@ class Gateway:
             return None if has_wildcard(name) or "\x00" in name else name
         return None
 
-    def _publish(self, key: tuple[str, Address, bytes], packet: Publish, now: float) -> None:
+    def _publish(self, key: Key, packet: Publish, now: float) -> None:
         if packet.qos == -1:
             return self._publish_qos_minus_one(key, packet, now)
         client = self._connected(key, packet, now)
@@ -1197,23 +998,23 @@ class Gateway:
             client.inbound_qos2.add(msg_id)
             self._emit(client, encode(PubRec(msg_id)), batch or 0)
 
-    def _publish_qos_minus_one(
-        self, key: tuple[str, Address, bytes], packet: Publish, now: float
-    ) -> None:
+    def _publish_qos_minus_one(self, key: Key, packet: Publish, now: float) -> None:
         """6.8: no connection, predefined and short topics only, nothing answered."""
         policy = self.transports.get(key[0])
         if not self.settings.qos_minus_one or (policy is not None and policy.allow_client_ids):
             self.stats.publish_refused += 1
-            log.debug("%s: QoS -1 PUBLISH refused (not enabled here)", _where(key))
+            log.debug("%s: QoS -1 PUBLISH refused (not enabled here)", addresses.where(key))
             return
         if packet.topic_id_type not in (TopicIdType.PREDEFINED, TopicIdType.SHORT):
             self.stats.publish_refused += 1
-            log.info("%s: QoS -1 PUBLISH with a normal topic id dropped", _where(key))
+            log.info("%s: QoS -1 PUBLISH with a normal topic id dropped", addresses.where(key))
             return
         topic = self._topic_of(None, packet.topic_id_type, packet.topic_id)
         if topic is None:
             self.stats.publish_refused += 1
-            log.info("%s: QoS -1 PUBLISH to unknown topic id %d", _where(key), packet.topic_id)
+            log.info(
+                "%s: QoS -1 PUBLISH to unknown topic id %d", addresses.where(key), packet.topic_id
+            )
             return
         client = self.by_key.get(key)
         proxy = client.proxy if client is not None and client.proxy is not None else None
@@ -1227,13 +1028,13 @@ class Gateway:
 
     def _anonymous_client(self, now: float) -> ProxyClient:
         """The broker session QoS -1 messages come from (not counted as connected)."""
-        if self._anonymous is None:
-            self._anonymous = ProxyClient(
+        if self.anonymous is None:
+            self.anonymous = ProxyClient(
                 self.broker, "ledge-mqttsn-qos-1", _discard, acl=self.acl, now=now, counted=False
             )
-        return self._anonymous
+        return self.anonymous
 
-    def _pubrel(self, key: tuple[str, Address, bytes], packet: PubRel, now: float) -> None:
+    def _pubrel(self, key: Key, packet: PubRel, now: float) -> None:
         client = self._connected(key, packet, now)
         if client is None:
             return
@@ -1245,7 +1046,7 @@ class Gateway:
 
     # ================================================================== subscribe (6.9)
 
-    def _subscribe(self, key: tuple[str, Address, bytes], packet: Subscribe, now: float) -> None:
+    def _subscribe(self, key: Key, packet: Subscribe, now: float) -> None:
         client = self._connected(key, packet, now)
         if client is None:
             return
@@ -1286,9 +1087,7 @@ class Gateway:
         self._send(client, SubAck(topic_id, msg_id, ReturnCode.ACCEPTED, packet.qos))
         self._pump(client, now)
 
-    def _unsubscribe(
-        self, key: tuple[str, Address, bytes], packet: Unsubscribe, now: float
-    ) -> None:
+    def _unsubscribe(self, key: Key, packet: Unsubscribe, now: float) -> None:
         client = self._connected(key, packet, now)
         if client is None:
             return
@@ -1379,7 +1178,7 @@ class Gateway:
                     queue.popleft()  # counted in _topic_id
                     continue
                 # 6.10: REGISTER first; the PUBLISH follows the REGACK.
-                entry.step = _REGISTERING
+                entry.step = Step.REGISTERING
                 entry.msg_id = client.allocate_msg_id()
                 entry.topic_id = topic_id
                 client.inflight = entry
@@ -1411,7 +1210,7 @@ class Gateway:
             )
             return
         entry.msg_id = client.allocate_msg_id()
-        entry.step = _AWAIT_PUBACK if entry.qos == 1 else _AWAIT_PUBREC
+        entry.step = Step.AWAIT_PUBACK if entry.qos == 1 else Step.AWAIT_PUBREC
         client.inflight = entry
         self._emit(client, _publish_bytes(entry, dup=False))
         self._start_retry(client, now)
@@ -1422,9 +1221,9 @@ class Gateway:
         if entry is None:
             return
         self.stats.retransmissions += 1
-        if entry.step == _REGISTERING:
+        if entry.step == Step.REGISTERING:
             self._send(client, Register(entry.topic_id, entry.msg_id, entry.message.topic))
-        elif entry.step == _AWAIT_PUBCOMP:
+        elif entry.step == Step.AWAIT_PUBCOMP:
             self._send(client, PubRel(entry.msg_id))
         else:
             self._emit(client, _publish_bytes(entry, dup=True))
@@ -1456,7 +1255,7 @@ class Gateway:
 
     def _acknowledged(
         self,
-        key: tuple[str, Address, bytes],
+        key: Key,
         packet: PubAck | PubRec | PubComp,
         now: float,
         steps: tuple[int, ...],
@@ -1471,8 +1270,8 @@ class Gateway:
             return None
         return client, entry
 
-    def _puback(self, key: tuple[str, Address, bytes], packet: PubAck, now: float) -> None:
-        found = self._acknowledged(key, packet, now, (_AWAIT_PUBACK, _AWAIT_PUBREC))
+    def _puback(self, key: Key, packet: PubAck, now: float) -> None:
+        found = self._acknowledged(key, packet, now, (Step.AWAIT_PUBACK, Step.AWAIT_PUBREC))
         if found is None:
             return
         client, entry = found
@@ -1484,7 +1283,7 @@ class Gateway:
         ):
             # The client lost the registration (it restarted): register again, resend.
             self._forget_topic(client, entry.message.topic)
-            entry.step = 0
+            entry.step = Step.QUEUED
             if client.queue is None:
                 client.queue = deque()
             client.queue.appendleft(entry)
@@ -1498,18 +1297,18 @@ class Gateway:
             )
         self._pump(client, now)
 
-    def _pubrec(self, key: tuple[str, Address, bytes], packet: PubRec, now: float) -> None:
-        found = self._acknowledged(key, packet, now, (_AWAIT_PUBREC, _AWAIT_PUBCOMP))
+    def _pubrec(self, key: Key, packet: PubRec, now: float) -> None:
+        found = self._acknowledged(key, packet, now, (Step.AWAIT_PUBREC, Step.AWAIT_PUBCOMP))
         if found is None:
             return
         client, entry = found
-        entry.step = _AWAIT_PUBCOMP
+        entry.step = Step.AWAIT_PUBCOMP
         client.retries = 0
         self._send(client, PubRel(packet.msg_id))
         self._start_retry(client, now)
 
-    def _pubcomp(self, key: tuple[str, Address, bytes], packet: PubComp, now: float) -> None:
-        found = self._acknowledged(key, packet, now, (_AWAIT_PUBCOMP,))
+    def _pubcomp(self, key: Key, packet: PubComp, now: float) -> None:
+        found = self._acknowledged(key, packet, now, (Step.AWAIT_PUBCOMP,))
         if found is None:
             return
         client = found[0]
@@ -1526,19 +1325,16 @@ class Gateway:
 
     # ================================================================== helpers
 
-    def _rules(self, client: SnClient) -> Rules | None:
-        return self.acl.rules_for(None, client.client_id) if self.acl is not None else None
-
     def _malformed(
         self, transport: str, address: Address, reason: str, offset: int, now: float
     ) -> None:
         self.stats.malformed += 1
         self.refusals(
             now,
-            _log_source((transport, address, b"")),
+            addresses.log_source((transport, address, b"")),
             "%s: unreadable message from %s at byte %d: %s",
             transport,
-            _address_text(address),
+            addresses.address_text(address),
             offset,
             reason,
         )
@@ -1556,71 +1352,31 @@ def _publish_bytes(entry: Outbound, *, dup: bool) -> bytes:
     )
 
 
-def _nothing() -> None:
-    pass
+def _gw(client: SnClient) -> Gateway:
+    ctx = client.ctx
+    assert isinstance(ctx, Gateway)
+    return ctx
 
 
 # Timer callbacks as plain functions: a bound method would be one more object per
 # client and deadline (idle clients are many; each byte counts a thousand times).
 def _silence(client: SnClient, now: float) -> None:
-    client.gateway._silence_timer(client, now)
+    _gw(client)._silence_timer(client, now)
 
 
 def _retry(client: SnClient, now: float) -> None:
-    client.gateway._retry_timer(client, now)
+    _gw(client)._retry_timer(client, now)
 
 
 def _connect_deadline(client: SnClient, now: float) -> None:
-    client.gateway._connect_timer(client, now)
+    _gw(client)._connect_timer(client, now)
 
 
 def _discard(msg: Message, qos: int, retain: bool, sub_ids: tuple[int, ...]) -> None:
     pass
 
 
-def _sparse(count: int) -> bool:
-    """Log the 1st, 2nd, 4th, 8th ... of a counted event: a flood stays readable."""
-    return count & (count - 1) == 0
-
-
-def _source(address: Address) -> str | None:
-    """What ``max_clients_per_address`` counts for a UDP ``(host, port, ...)``: the IPv4
-    address, or the IPv6 /64 (one host usually has a whole /64 to pick from), as the
-    broker's per-address limits count. ``None`` for a serial line (its name)."""
-    if not isinstance(address, tuple) or not address or not isinstance(address[0], str):
-        return None
-    host: str = address[0]
-    return address_key(f"[{host}]:0") if ":" in host else host
-
-
-def _origin(key: tuple[str, Address, bytes]) -> tuple[str, object, bytes]:
-    """Where a client may wake from: its transport, its source (IPv4 address, IPv6
-    /64, or the serial line) and its node behind a forwarder; any source port."""
-    transport, address, node_id = key
-    source = _source(address)
-    return (transport, address if source is None else source, node_id)
-
-
-def _log_source(key: tuple[str, Address, bytes]) -> str:
-    """What refusal lines are limited by: the source IP (/64), or the serial line."""
-    source = _source(key[1])
-    return source if source is not None else f"{key[0]} {key[1]}"
-
-
-def _address_text(address: Address) -> str:
-    if isinstance(address, tuple) and len(address) >= 2:
-        host, port = address[0], address[1]
-        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
-    return str(address)
-
-
-def _where(key: tuple[str, Address, bytes]) -> str:
-    transport, address, node_id = key
-    node = f" node {node_id.hex()}" if node_id else ""
-    return f"{_address_text(address)}{node} ({transport})"
-
-
-Handler = Callable[[Gateway, tuple[str, Address, bytes], Packet, float], None]
+Handler = Callable[[Gateway, Key, Packet, float], None]
 
 _HANDLERS: Final[dict[type, Handler]] = {
     Connect: Gateway._connect,  # type: ignore[dict-item]
