@@ -27,13 +27,12 @@ from typing import TYPE_CHECKING, Final
 from gateway.broker.proxy import INVALID, NO_ROOM, NOT_AUTHORIZED, ProxyClient
 from gateway.broker.publish_policy import sys_write_refused
 from gateway.mqtt.topics import has_wildcard, topic_name_error
-from gateway.mqttsn import addresses
+from gateway.mqttsn import addresses, output
 from gateway.mqttsn.codec import (
     RETAIN,
     TOPIC_ID_TYPE,
     MalformedMessage,
     decode,
-    encapsulate,
     encode,
     encode_ack,
     encode_publish,
@@ -201,16 +200,7 @@ class Gateway(Context):
 
     def committed(self, upto: int) -> None:
         """The store committed every batch up to ``upto``: send what waited for them."""
-        held = self.held
-        released = False
-        while held and held[0][0] <= upto:
-            _batch, client, datagram = held.popleft()
-            self.out.append(datagram)
-            released = True
-            if client.held_batch <= upto:
-                client.held_batch = 0
-        if released:
-            self.kick()
+        output.release(self, upto)
 
     def shutdown(self, now: float) -> None:
         """The gateway stops: every session ends, no will is published (the clients did
@@ -251,31 +241,6 @@ class Gateway(Context):
             base + "publish/dropped/offline qos 0": str(st.dropped_offline_qos0),
             base + "publish/dropped/too large": str(st.dropped_too_large),
         }
-
-    # ================================================================== output
-
-    def _send_to(self, key: Key, data: bytes) -> None:
-        transport, address, node_id = key
-        if node_id:
-            data = encapsulate(node_id, data)
-        self.stats.messages_sent += 1
-        self.out.append((transport, address, data))
-        self.kick()
-
-    def _send(self, client: SnClient, packet: Packet) -> None:
-        self._emit(client, encode(packet))
-
-    def _emit(self, client: SnClient, data: bytes, batch: int = 0) -> None:
-        """Send to ``client``; with ``batch``, only once that store batch is committed
-        (and everything after it to the same client waits too, keeping the order)."""
-        if batch or client.held_batch:
-            client.held_batch = max(client.held_batch, batch)
-            if client.node_id:
-                data = encapsulate(client.node_id, data)
-            self.stats.messages_sent += 1
-            self.held.append((client.held_batch, client, (client.transport, client.address, data)))
-            return
-        self._send_to(client.key, data)
 
     # ================================================================== connect (6.2)
 
@@ -330,7 +295,7 @@ class Gateway(Context):
             client.timer = self.timers.at(
                 now + self.settings.connect_timeout, _connect_deadline, client
             )
-            self._send(client, WillTopicReq())
+            output.send(self, client, WillTopicReq())
             return
         if client.clean or client.state is State.CONNECTING:
             client.will = None  # 6.3: CleanSession=true, Will=false deletes the Will
@@ -346,7 +311,7 @@ class Gateway(Context):
             cid,
             why,
         )
-        self._send_to(key, encode(ConnAck(code)))
+        output.send_to(self, key, encode(ConnAck(code)))
 
     def _connect_rate_exceeded(self, key: Key, now: float) -> str | None:
         """Why a CONNECT now is over ``max_connect_rate_per_address`` (UDP sources) or
@@ -454,7 +419,7 @@ class Gateway(Context):
                 why,
                 st.clients_evicted_unproven,
             )
-        self._send(client, Disconnect())
+        output.send(self, client, Disconnect())
         client.will = None
         self._end(client, now)
 
@@ -524,7 +489,7 @@ class Gateway(Context):
             )
         # The gateway ends the connection: DISCONNECT tells the device (5.4.21), and
         # its Will is published as for any connection ended without its DISCONNECT.
-        self._send(idle, Disconnect())
+        output.send(self, idle, Disconnect())
         self._publish_will(idle, now)
         self._forget(idle, now)
         return True
@@ -548,7 +513,7 @@ class Gateway(Context):
                     client.client_id,
                     client.will.topic,
                 )
-                self._send(client, ConnAck(ReturnCode.NOT_SUPPORTED))
+                output.send(self, client, ConnAck(ReturnCode.NOT_SUPPORTED))
                 self._forget(client, now)
                 return
         if client.proxy is None:
@@ -568,7 +533,7 @@ class Gateway(Context):
             client.duration,
             client.clean,
         )
-        self._send(client, ConnAck(ReturnCode.ACCEPTED))
+        output.send(self, client, ConnAck(ReturnCode.ACCEPTED))
         if client.inflight is not None:
             self._resend(client, now)
         self._pump(client, now)
@@ -591,11 +556,11 @@ class Gateway(Context):
                 client.client_id,
                 packet.topic,
             )
-            self._send(client, ConnAck(ReturnCode.NOT_SUPPORTED))
+            output.send(self, client, ConnAck(ReturnCode.NOT_SUPPORTED))
             self._forget(client, now)
             return None
         client.will = Will(packet.topic, packet.qos, packet.retain)
-        self._send(client, WillMsgReq())
+        output.send(self, client, WillMsgReq())
         return None
 
     def _will_msg(self, key: Key, packet: WillMsg, now: float) -> None:
@@ -620,7 +585,7 @@ class Gateway(Context):
             return
         if not packet.topic:
             client.will = None
-            self._send(client, WillTopicResp(ReturnCode.ACCEPTED))
+            output.send(self, client, WillTopicResp(ReturnCode.ACCEPTED))
             return
         rules = self.rules(client)
         if (
@@ -628,36 +593,32 @@ class Gateway(Context):
             or sys_write_refused(packet.topic, client.client_id)
             or (rules is not None and not rules.can_write(packet.topic))
         ):
-            self._send(client, WillTopicResp(ReturnCode.NOT_SUPPORTED))
+            output.send(self, client, WillTopicResp(ReturnCode.NOT_SUPPORTED))
             return
         message = client.will.message if client.will is not None else b""
         client.will = Will(packet.topic, packet.qos, packet.retain)
         client.will.message = message
-        self._send(client, WillTopicResp(ReturnCode.ACCEPTED))
+        output.send(self, client, WillTopicResp(ReturnCode.ACCEPTED))
 
     def _will_msg_upd(self, key: Key, packet: WillMsgUpd, now: float) -> None:
         client = self._connected(key, packet, now)
         if client is None:
             return
         if client.will is None:
-            self._send(client, WillMsgResp(ReturnCode.NOT_SUPPORTED))
+            output.send(self, client, WillMsgResp(ReturnCode.NOT_SUPPORTED))
             return
         client.will.message = packet.message
-        self._send(client, WillMsgResp(ReturnCode.ACCEPTED))
+        output.send(self, client, WillMsgResp(ReturnCode.ACCEPTED))
 
     # ================================================================== discovery (6.1)
 
     def _searchgw(self, key: Key, packet: SearchGw, now: float) -> None:
-        self._send_to(key, encode(GwInfo(self.settings.gateway_id)))
+        output.send_to(self, key, encode(GwInfo(self.settings.gateway_id)))
 
     def _advertise_timer(self, _arg: object, now: float) -> None:
         interval = self.settings.advertise_interval
         data = encode(Advertise(self.settings.gateway_id, min(int(interval), 0xFFFF)))
-        for policy in self.transports.values():
-            if policy.can_broadcast:
-                self.stats.messages_sent += 1
-                self.out.append((policy.label, BROADCAST, data))
-        self.kick()
+        output.broadcast(self, data)
         self.timers.at(now + interval, self._advertise_timer, None)
 
     # ================================================================== keep alive, sleep
@@ -687,7 +648,7 @@ class Gateway(Context):
         log.debug(
             "%s: %s without a connection: DISCONNECT", addresses.where(key), type(packet).__name__
         )
-        self._send_to(key, encode(Disconnect()))
+        output.send_to(self, key, encode(Disconnect()))
 
     def _keepalive(self, client: SnClient, now: float) -> None:
         self.timers.cancel(client.timer)
@@ -761,14 +722,14 @@ class Gateway(Context):
                 self._resend(client, now)
             self._pump(client, now)
             return None
-        self._send(client, PingResp())
+        output.send(self, client, PingResp())
         return None
 
     def _disconnect(self, key: Key, packet: Disconnect, now: float) -> None:
         client = self.by_key.get(key)
         if client is None or client.state in (State.CONNECTING, State.DISCONNECTED):
             # Nothing to end; confirm anyway so the device stops waiting.
-            self._send_to(key, encode(Disconnect()))
+            output.send_to(self, key, encode(Disconnect()))
             return
         self._heard(client, now)
         if packet.duration:
@@ -780,9 +741,9 @@ class Gateway(Context):
                 now + packet.duration * self.settings.keepalive_grace, _silence, client
             )
             log.debug("client %r asleep for %d s", client.client_id, packet.duration)
-            self._send(client, Disconnect())
+            output.send(self, client, Disconnect())
             return
-        self._send(client, Disconnect())
+        output.send(self, client, Disconnect())
         log.info("client %r disconnected", client.client_id)
         self._end(client, now)
 
@@ -846,13 +807,13 @@ class Gateway(Context):
         name = packet.topic_name
         if topic_name_error(name):
             log.info("client %r: REGISTER of bad topic %r refused", client.client_id, name)
-            self._send(client, RegAck(0, packet.msg_id, ReturnCode.NOT_SUPPORTED))
+            output.send(self, client, RegAck(0, packet.msg_id, ReturnCode.NOT_SUPPORTED))
             return
         topic_id = self._topic_id(client, name)
         if topic_id is None:
-            self._send(client, RegAck(0, packet.msg_id, ReturnCode.CONGESTION))
+            output.send(self, client, RegAck(0, packet.msg_id, ReturnCode.CONGESTION))
             return
-        self._send(client, RegAck(topic_id, packet.msg_id, ReturnCode.ACCEPTED))
+        output.send(self, client, RegAck(topic_id, packet.msg_id, ReturnCode.ACCEPTED))
 
     def _topic_id(self, client: SnClient, name: str) -> int | None:
         """The id of ``name`` for ``client``, assigned now if new (None: table full)."""
@@ -961,22 +922,22 @@ class Gateway(Context):
         """A PUBLISH (QoS 0-2) from a connected client: the one policy, whether it came
         through ``decode`` or the datagram fast path (``received``)."""
         if id_type == TopicIdType.RESERVED:
-            self._send(client, PubAck(topic_id, msg_id, ReturnCode.NOT_SUPPORTED))
+            output.send(self, client, PubAck(topic_id, msg_id, ReturnCode.NOT_SUPPORTED))
             return
         topic = self._topic_of(client, id_type, topic_id)
         if topic is None:
             # 6.6: an unknown topic id is answered "rejected: invalid topic ID".
             self.stats.publish_refused += 1
-            self._send(client, PubAck(topic_id, msg_id, ReturnCode.INVALID_TOPIC_ID))
+            output.send(self, client, PubAck(topic_id, msg_id, ReturnCode.INVALID_TOPIC_ID))
             return
         if qos == 2:
             inbound = client.inbound_qos2
             if inbound is not None and msg_id in inbound:
-                self._send(client, PubRec(msg_id))  # a resend: routed already
+                output.send(self, client, PubRec(msg_id))  # a resend: routed already
                 return
             if inbound is not None and len(inbound) >= MAX_INBOUND_QOS2:
                 self.stats.publish_refused += 1
-                self._send(client, PubAck(topic_id, msg_id, ReturnCode.CONGESTION))
+                output.send(self, client, PubAck(topic_id, msg_id, ReturnCode.CONGESTION))
                 return
         proxy = client.proxy
         assert proxy is not None
@@ -987,16 +948,16 @@ class Gateway(Context):
                 "client %r: PUBLISH on %r refused: %s", client.client_id, topic, refused.reason
             )
             if qos:
-                self._send(client, PubAck(topic_id, msg_id, _RETURN_CODES[refused.kind]))
+                output.send(self, client, PubAck(topic_id, msg_id, _RETURN_CODES[refused.kind]))
             return
         batch = proxy.publish_counted(topic, data, now, qos=qos, retain=retain)
         if qos == 1:
-            self._emit(client, encode_ack(MsgType.PUBACK, topic_id, msg_id), batch or 0)
+            output.emit(self, client, encode_ack(MsgType.PUBACK, topic_id, msg_id), batch or 0)
         elif qos == 2:
             if client.inbound_qos2 is None:
                 client.inbound_qos2 = set()
             client.inbound_qos2.add(msg_id)
-            self._emit(client, encode(PubRec(msg_id)), batch or 0)
+            output.emit(self, client, encode(PubRec(msg_id)), batch or 0)
 
     def _publish_qos_minus_one(self, key: Key, packet: Publish, now: float) -> None:
         """6.8: no connection, predefined and short topics only, nothing answered."""
@@ -1042,7 +1003,7 @@ class Gateway(Context):
             client.inbound_qos2.discard(packet.msg_id)
             if not client.inbound_qos2:
                 client.inbound_qos2 = None
-        self._emit(client, encode(PubComp(packet.msg_id)))
+        output.emit(self, client, encode(PubComp(packet.msg_id)))
 
     # ================================================================== subscribe (6.9)
 
@@ -1052,14 +1013,14 @@ class Gateway(Context):
             return
         msg_id = packet.msg_id
         if packet.qos < 0:
-            self._send(client, SubAck(0, msg_id, ReturnCode.NOT_SUPPORTED))
+            output.send(self, client, SubAck(0, msg_id, ReturnCode.NOT_SUPPORTED))
             return
         topic_id = 0
         if packet.topic_id_type == TopicIdType.PREDEFINED:
             assert isinstance(packet.topic, int)
             name = self.predefined.get(packet.topic)
             if name is None:
-                self._send(client, SubAck(packet.topic, msg_id, ReturnCode.INVALID_TOPIC_ID))
+                output.send(self, client, SubAck(packet.topic, msg_id, ReturnCode.INVALID_TOPIC_ID))
                 return
             topic_filter, topic_id = name, packet.topic
         else:
@@ -1079,12 +1040,12 @@ class Gateway(Context):
                 topic_filter,
                 refused.reason,
             )
-            self._send(client, SubAck(topic_id, msg_id, _RETURN_CODES[refused.kind]))
+            output.send(self, client, SubAck(topic_id, msg_id, _RETURN_CODES[refused.kind]))
             return
         if packet.topic_id_type == TopicIdType.NORMAL and not has_wildcard(topic_filter):
             # 5.4.16: the id the gateway will use when it publishes on this topic.
             topic_id = self._topic_id(client, topic_filter) or 0
-        self._send(client, SubAck(topic_id, msg_id, ReturnCode.ACCEPTED, packet.qos))
+        output.send(self, client, SubAck(topic_id, msg_id, ReturnCode.ACCEPTED, packet.qos))
         self._pump(client, now)
 
     def _unsubscribe(self, key: Key, packet: Unsubscribe, now: float) -> None:
@@ -1097,7 +1058,7 @@ class Gateway(Context):
             name = packet.topic if isinstance(packet.topic, str) else None
         if name is not None and client.proxy is not None:
             client.proxy.unsubscribe(name)
-        self._send(client, UnsubAck(packet.msg_id))
+        output.send(self, client, UnsubAck(packet.msg_id))
 
     # ================================================================== delivery (6.10)
 
@@ -1182,7 +1143,7 @@ class Gateway(Context):
                 entry.msg_id = client.allocate_msg_id()
                 entry.topic_id = topic_id
                 client.inflight = entry
-                self._send(client, Register(topic_id, entry.msg_id, entry.message.topic))
+                output.send(self, client, Register(topic_id, entry.msg_id, entry.message.topic))
                 self._start_retry(client, now)
                 return
             queue.popleft()
@@ -1190,7 +1151,7 @@ class Gateway(Context):
         if not queue:
             client.queue = None
         if client.state is State.AWAKE and client.inflight is None and not client.queue:
-            self._send(client, PingResp())
+            output.send(self, client, PingResp())
             client.state = State.ASLEEP
             self._cancel_timers(client)
             client.timer = self.timers.at(
@@ -1202,7 +1163,8 @@ class Gateway(Context):
     def _transmit(self, client: SnClient, entry: Outbound, now: float) -> None:
         msg = entry.message
         if entry.qos == 0:
-            self._emit(
+            output.emit(
+                self,
                 client,
                 encode_publish(
                     entry.topic_id, 0, msg.payload, 0, entry.retain, False, entry.id_type
@@ -1212,7 +1174,7 @@ class Gateway(Context):
         entry.msg_id = client.allocate_msg_id()
         entry.step = Step.AWAIT_PUBACK if entry.qos == 1 else Step.AWAIT_PUBREC
         client.inflight = entry
-        self._emit(client, _publish_bytes(entry, dup=False))
+        output.emit(self, client, _publish_bytes(entry, dup=False))
         self._start_retry(client, now)
 
     def _resend(self, client: SnClient, now: float) -> None:
@@ -1222,11 +1184,11 @@ class Gateway(Context):
             return
         self.stats.retransmissions += 1
         if entry.step == Step.REGISTERING:
-            self._send(client, Register(entry.topic_id, entry.msg_id, entry.message.topic))
+            output.send(self, client, Register(entry.topic_id, entry.msg_id, entry.message.topic))
         elif entry.step == Step.AWAIT_PUBCOMP:
-            self._send(client, PubRel(entry.msg_id))
+            output.send(self, client, PubRel(entry.msg_id))
         else:
-            self._emit(client, _publish_bytes(entry, dup=True))
+            output.emit(self, client, _publish_bytes(entry, dup=True))
         self._start_retry(client, now)
 
     def _start_retry(self, client: SnClient, now: float) -> None:
@@ -1304,7 +1266,7 @@ class Gateway(Context):
         client, entry = found
         entry.step = Step.AWAIT_PUBCOMP
         client.retries = 0
-        self._send(client, PubRel(packet.msg_id))
+        output.send(self, client, PubRel(packet.msg_id))
         self._start_retry(client, now)
 
     def _pubcomp(self, key: Key, packet: PubComp, now: float) -> None:
