@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Final
 from gateway.broker.proxy import INVALID, NO_ROOM, NOT_AUTHORIZED, ProxyClient
 from gateway.broker.publish_policy import sys_write_refused
 from gateway.mqtt.topics import has_wildcard, topic_name_error
-from gateway.mqttsn import addresses, output
+from gateway.mqttsn import addresses, keepalive, output, sessions
 from gateway.mqttsn.codec import (
     RETAIN,
     TOPIC_ID_TYPE,
@@ -150,7 +150,7 @@ class Gateway(Context):
             qos = flags_qos(flags)
             if client is not None and qos >= 0 and client.state in CONNECTED_STATES:
                 self.stats.messages_received += 1
-                self._heard(client, now)
+                sessions.heard(self, client, now)
                 self._publish_fields(
                     client,
                     qos,
@@ -207,7 +207,7 @@ class Gateway(Context):
         nothing wrong)."""
         for client in list(self.by_id.values()):
             client.will = None
-            self._forget(client, now)
+            sessions.forget(self, client, now)
         if self.anonymous is not None:
             self.anonymous.close(now)
             self.anonymous = None
@@ -272,7 +272,7 @@ class Gateway(Context):
         client = self.by_key.get(key)
         if client is not None and client is not existing:
             # Another client id at this address: the device restarted under a new id.
-            self._lost(client, now, f"address taken over by client {cid!r}", will=False)
+            sessions.lost(self, client, now, f"address taken over by client {cid!r}", will=False)
         if existing is not None:
             client = self._resume(existing, key, packet, now)
         else:
@@ -291,7 +291,7 @@ class Gateway(Context):
             if client.state is not State.CONNECTING:
                 client.state = State.CONNECTING
                 self.connecting += 1
-            self._cancel_timers(client)
+            sessions.cancel_timers(self, client)
             client.timer = self.timers.at(
                 now + self.settings.connect_timeout, _connect_deadline, client
             )
@@ -360,18 +360,8 @@ class Gateway(Context):
         sleeping = client.state in (State.ASLEEP, State.AWAKE)
         if packet.clean_session and not sleeping:
             # 6.3: a clean session forgets subscriptions, registrations and the Will.
-            self._clear_session(client, now)
+            sessions.clear_session(self, client, now)
         return client
-
-    def _clear_session(self, client: SnClient, now: float) -> None:
-        if client.proxy is not None:
-            client.proxy.close(now)
-            client.proxy = None
-        client.topic_ids = None
-        client.next_topic_id = 1
-        client.inbound_qos2 = None
-        self._drop_queue(client)
-        client.will = None
 
     def _address_full(self, key: Key, cid: str) -> bool:
         """``max_clients_per_address`` clients already hold a connection from the source
@@ -421,7 +411,7 @@ class Gateway(Context):
             )
         output.send(self, client, Disconnect())
         client.will = None
-        self._end(client, now)
+        sessions.end(self, client, now)
 
     def _make_room(self, cid: str, now: float) -> bool:
         """A slot for the new client ``cid``. Unproven clients beyond
@@ -470,7 +460,7 @@ class Gateway(Context):
                     gone.client_id,
                     self.stats.clients_evicted,
                 )
-            self._forget(gone, gone.last_rx)
+            sessions.forget(self, gone, gone.last_rx)
             return True
         if idle is None:
             return False
@@ -490,8 +480,8 @@ class Gateway(Context):
         # The gateway ends the connection: DISCONNECT tells the device (5.4.21), and
         # its Will is published as for any connection ended without its DISCONNECT.
         output.send(self, idle, Disconnect())
-        self._publish_will(idle, now)
-        self._forget(idle, now)
+        sessions.publish_will(idle, now)
+        sessions.forget(self, idle, now)
         return True
 
     def _accept(self, client: SnClient, now: float) -> None:
@@ -514,7 +504,7 @@ class Gateway(Context):
                     client.will.topic,
                 )
                 output.send(self, client, ConnAck(ReturnCode.NOT_SUPPORTED))
-                self._forget(client, now)
+                sessions.forget(self, client, now)
                 return
         if client.proxy is None:
             client.proxy = ProxyClient(
@@ -524,8 +514,8 @@ class Gateway(Context):
         client.proven = False
         self.unproven.pop(client.client_id, None)
         self.unproven[client.client_id] = client
-        self._cancel_timers(client)
-        self._keepalive(client, now)
+        sessions.cancel_timers(self, client)
+        keepalive.arm(self, client, now)
         log.info(
             "client %r connected from %s (keep alive %d s, clean session %s)",
             client.client_id,
@@ -541,7 +531,7 @@ class Gateway(Context):
     def _will_topic(self, key: Key, packet: WillTopic, now: float) -> None:
         client = self.by_key.get(key)
         if client is None or client.state is not State.CONNECTING:
-            return self._not_connected(key, packet)
+            return sessions.not_connected(self, key, packet)
         client.last_rx = now
         if not packet.topic:
             client.will = None  # an empty WILLTOPIC: no Will (5.4.7)
@@ -557,7 +547,7 @@ class Gateway(Context):
                 packet.topic,
             )
             output.send(self, client, ConnAck(ReturnCode.NOT_SUPPORTED))
-            self._forget(client, now)
+            sessions.forget(self, client, now)
             return None
         client.will = Will(packet.topic, packet.qos, packet.retain)
         output.send(self, client, WillMsgReq())
@@ -566,7 +556,7 @@ class Gateway(Context):
     def _will_msg(self, key: Key, packet: WillMsg, now: float) -> None:
         client = self.by_key.get(key)
         if client is None or client.state is not State.CONNECTING or client.will is None:
-            return self._not_connected(key, packet)
+            return sessions.not_connected(self, key, packet)
         client.last_rx = now
         client.will.message = packet.message
         self._accept(client, now)
@@ -575,12 +565,12 @@ class Gateway(Context):
     def _connect_timer(self, client: SnClient, now: float) -> None:
         if client.state is State.CONNECTING and self.by_id.get(client.client_id) is client:
             log.info("client %r: CONNECT not completed in time", client.client_id)
-            self._forget(client, now)
+            sessions.forget(self, client, now)
 
     # ================================================================== will updates (6.4)
 
     def _will_topic_upd(self, key: Key, packet: WillTopicUpd, now: float) -> None:
-        client = self._connected(key, packet, now)
+        client = sessions.connected(self, key, packet, now)
         if client is None:
             return
         if not packet.topic:
@@ -601,7 +591,7 @@ class Gateway(Context):
         output.send(self, client, WillTopicResp(ReturnCode.ACCEPTED))
 
     def _will_msg_upd(self, key: Key, packet: WillMsgUpd, now: float) -> None:
-        client = self._connected(key, packet, now)
+        client = sessions.connected(self, key, packet, now)
         if client is None:
             return
         if client.will is None:
@@ -623,77 +613,19 @@ class Gateway(Context):
 
     # ================================================================== keep alive, sleep
 
-    def _connected(self, key: Key, packet: Packet, now: float) -> SnClient | None:
-        """The client at ``key`` if it has a connection (active, awake or asleep);
-        else it is told with DISCONNECT that it has none."""
-        client = self.by_key.get(key)
-        if client is None or client.state in (State.CONNECTING, State.DISCONNECTED):
-            self._not_connected(key, packet)
-            return None
-        self._heard(client, now)
-        return client
-
-    def _heard(self, client: SnClient, now: float) -> None:
-        """A message from ``client`` after its CONNACK: it is alive, and proven."""
-        client.last_rx = now
-        if not client.proven:
-            client.proven = True
-            if self.unproven.get(client.client_id) is client:
-                del self.unproven[client.client_id]
-
-    def _not_connected(self, key: Key, packet: Packet) -> None:
-        """A message that needs a connection from someone without one: DISCONNECT tells
-        the device to connect (again, e.g. after this gateway restarted)."""
-        self.stats.not_connected += 1
-        log.debug(
-            "%s: %s without a connection: DISCONNECT", addresses.where(key), type(packet).__name__
-        )
-        output.send_to(self, key, encode(Disconnect()))
-
-    def _keepalive(self, client: SnClient, now: float) -> None:
-        self.timers.cancel(client.timer)
-        if client.duration:
-            due = now + client.duration * self.settings.keepalive_grace
-        else:
-            # No keep-alive (Duration 0): the gateway's own bound, idle_timeout.
-            due = now + self.settings.idle_timeout
-        client.timer = self.timers.at(due, _silence, client)
-
-    def _silence_timer(self, client: SnClient, now: float) -> None:
-        """Keep alive (6.11) or the sleep duration (6.14) ran out without a word."""
-        client.timer = None
-        if self.by_id.get(client.client_id) is not client:
-            return
-        grace = self.settings.keepalive_grace
-        if client.state is State.ACTIVE and client.duration:
-            due = client.last_rx + client.duration * grace
-            why = f"keep alive of {client.duration} s passed without a message"
-        elif client.state is State.ACTIVE:
-            due = client.last_rx + self.settings.idle_timeout
-            why = f"no keep alive and silent for {self.settings.idle_timeout:g} s (idle_timeout)"
-        elif client.state in (State.ASLEEP, State.AWAKE):
-            due = client.last_rx + client.sleep_duration * grace
-            why = f"sleep duration of {client.sleep_duration} s passed without a message"
-        else:
-            return
-        if now < due:
-            client.timer = self.timers.at(due, _silence, client)
-            return
-        self._lost(client, now, why)
-
     def _pingreq(self, key: Key, packet: PingReq, now: float) -> None:
         client = self.by_key.get(key)
         if packet.client_id:
             named = self.by_id.get(packet.client_id)
             if named is None or named.state in (State.CONNECTING, State.DISCONNECTED):
-                return self._not_connected(key, packet)
+                return sessions.not_connected(self, key, packet)
             if named.key != key:
                 # A sleeping device often wakes with a new source port; its buffered
                 # messages go only where it connected from (the same IPv4 address or
                 # IPv6 /64, serial line and forwarder node). A device that moved
                 # CONNECTs again: the DISCONNECT below tells it to.
                 if named.state not in (State.ASLEEP, State.AWAKE):
-                    return self._not_connected(key, packet)
+                    return sessions.not_connected(self, key, packet)
                 if addresses.origin(key) != named.origin:
                     self.stats.wakes_refused += 1
                     self.refusals(
@@ -704,17 +636,19 @@ class Gateway(Context):
                         named.client_id,
                         named.where,
                     )
-                    return self._not_connected(key, packet)
+                    return sessions.not_connected(self, key, packet)
                 self.by_key.pop(named.key, None)
                 other = self.by_key.get(key)
                 if other is not None:
-                    self._lost(other, now, f"address taken over by {named.client_id!r}", will=False)
+                    sessions.lost(
+                        self, other, now, f"address taken over by {named.client_id!r}", will=False
+                    )
                 self.by_key[key] = named
                 named.move(key)
             client = named
         if client is None or client.state in (State.CONNECTING, State.DISCONNECTED):
-            return self._not_connected(key, packet)
-        self._heard(client, now)
+            return sessions.not_connected(self, key, packet)
+        sessions.heard(self, client, now)
         if client.state in (State.ASLEEP, State.AWAKE):
             # 6.14: awake; send what was buffered, then PINGRESP, then asleep again.
             client.state = State.AWAKE
@@ -731,77 +665,22 @@ class Gateway(Context):
             # Nothing to end; confirm anyway so the device stops waiting.
             output.send_to(self, key, encode(Disconnect()))
             return
-        self._heard(client, now)
+        sessions.heard(self, client, now)
         if packet.duration:
             # 6.14: asleep for ``duration`` seconds; its messages are buffered.
-            client.state = State.ASLEEP
             client.sleep_duration = packet.duration
-            self._cancel_timers(client)
-            client.timer = self.timers.at(
-                now + packet.duration * self.settings.keepalive_grace, _silence, client
-            )
+            keepalive.asleep(self, client, now)
             log.debug("client %r asleep for %d s", client.client_id, packet.duration)
             output.send(self, client, Disconnect())
             return
         output.send(self, client, Disconnect())
         log.info("client %r disconnected", client.client_id)
-        self._end(client, now)
-
-    def _lost(self, client: SnClient, now: float, reason: str, *, will: bool = True) -> None:
-        """The client is gone without a DISCONNECT: its will is published (6.11, 6.14)."""
-        self.stats.clients_lost += 1
-        log.info("client %r at %s lost: %s", client.client_id, client.where, reason)
-        if will:
-            self._publish_will(client, now)
-        self._end(client, now)
-
-    def _publish_will(self, client: SnClient, now: float) -> None:
-        if client.will is not None and client.proxy is not None:
-            w = client.will
-            client.proxy.publish_will(w.topic, w.message, w.qos, w.retain, now)
-
-    def _end(self, client: SnClient, now: float) -> None:
-        """The connection ends: a clean session is forgotten, another is remembered."""
-        if client.clean or client.proxy is None:
-            self._forget(client, now)
-            return
-        self._cancel_timers(client)
-        if client.state is State.CONNECTING:
-            self.connecting -= 1
-        client.state = State.DISCONNECTED
-        self._unlist(client)
-        self.by_key.pop(client.key, None)
-        queue = client.queue
-        if queue:
-            kept = deque(e for e in queue if e.qos > 0)
-            self.stats.dropped_offline_qos0 += len(queue) - len(kept)
-            client.queue = kept or None
-
-    def _forget(self, client: SnClient, now: float) -> None:
-        self._cancel_timers(client)
-        if client.state is State.CONNECTING:
-            self.connecting -= 1
-        client.state = State.DISCONNECTED
-        self._unlist(client)
-        if self.by_key.get(client.key) is client:
-            del self.by_key[client.key]
-        if self.by_id.get(client.client_id) is client:
-            del self.by_id[client.client_id]
-        self._clear_session(client, now)
-
-    def _unlist(self, client: SnClient) -> None:
-        if self.unproven.get(client.client_id) is client:
-            del self.unproven[client.client_id]
-
-    def _cancel_timers(self, client: SnClient) -> None:
-        self.timers.cancel(client.timer)
-        self.timers.cancel(client.retry_timer)
-        client.timer = client.retry_timer = None
+        sessions.end(self, client, now)
 
     # ================================================================== register (6.5)
 
     def _register(self, key: Key, packet: Register, now: float) -> None:
-        client = self._connected(key, packet, now)
+        client = sessions.connected(self, key, packet, now)
         if client is None:
             return
         name = packet.topic_name
@@ -844,7 +723,7 @@ class Gateway(Context):
         return topic_id
 
     def _regack(self, key: Key, packet: RegAck, now: float) -> None:
-        client = self._connected(key, packet, now)
+        client = sessions.connected(self, key, packet, now)
         if client is None:
             return
         entry = client.inflight
@@ -893,7 +772,7 @@ class Gateway(Context):
     def _publish(self, key: Key, packet: Publish, now: float) -> None:
         if packet.qos == -1:
             return self._publish_qos_minus_one(key, packet, now)
-        client = self._connected(key, packet, now)
+        client = sessions.connected(self, key, packet, now)
         if client is None:
             return None
         self._publish_fields(
@@ -996,7 +875,7 @@ class Gateway(Context):
         return self.anonymous
 
     def _pubrel(self, key: Key, packet: PubRel, now: float) -> None:
-        client = self._connected(key, packet, now)
+        client = sessions.connected(self, key, packet, now)
         if client is None:
             return
         if client.inbound_qos2 is not None:
@@ -1008,7 +887,7 @@ class Gateway(Context):
     # ================================================================== subscribe (6.9)
 
     def _subscribe(self, key: Key, packet: Subscribe, now: float) -> None:
-        client = self._connected(key, packet, now)
+        client = sessions.connected(self, key, packet, now)
         if client is None:
             return
         msg_id = packet.msg_id
@@ -1049,7 +928,7 @@ class Gateway(Context):
         self._pump(client, now)
 
     def _unsubscribe(self, key: Key, packet: Unsubscribe, now: float) -> None:
-        client = self._connected(key, packet, now)
+        client = sessions.connected(self, key, packet, now)
         if client is None:
             return
         if packet.topic_id_type == TopicIdType.PREDEFINED:
@@ -1152,13 +1031,7 @@ class Gateway(Context):
             client.queue = None
         if client.state is State.AWAKE and client.inflight is None and not client.queue:
             output.send(self, client, PingResp())
-            client.state = State.ASLEEP
-            self._cancel_timers(client)
-            client.timer = self.timers.at(
-                now + client.sleep_duration * self.settings.keepalive_grace,
-                _silence,
-                client,
-            )
+            keepalive.asleep(self, client, now)
 
     def _transmit(self, client: SnClient, entry: Outbound, now: float) -> None:
         msg = entry.message
@@ -1205,7 +1078,8 @@ class Gateway(Context):
         if client.inflight is None or client.state not in (State.ACTIVE, State.AWAKE):
             return
         if client.retries >= self.settings.max_retries:
-            self._lost(
+            sessions.lost(
+                self,
                 client,
                 now,
                 f"no acknowledgement after {client.retries} resends "
@@ -1224,7 +1098,7 @@ class Gateway(Context):
     ) -> tuple[SnClient, Outbound] | None:
         """The client and its message in flight that ``packet`` acknowledges, if any
         (an acknowledgement of anything else is ignored, as MQTT does)."""
-        client = self._connected(key, packet, now)
+        client = sessions.connected(self, key, packet, now)
         if client is None:
             return None
         entry = client.inflight
@@ -1278,13 +1152,6 @@ class Gateway(Context):
         client.inflight = None
         self._pump(client, now)
 
-    def _drop_queue(self, client: SnClient) -> None:
-        client.queue = None
-        client.inflight = None
-        self.timers.cancel(client.retry_timer)
-        client.retry_timer = None
-        client.retries = 0
-
     # ================================================================== helpers
 
     def _malformed(
@@ -1322,10 +1189,6 @@ def _gw(client: SnClient) -> Gateway:
 
 # Timer callbacks as plain functions: a bound method would be one more object per
 # client and deadline (idle clients are many; each byte counts a thousand times).
-def _silence(client: SnClient, now: float) -> None:
-    _gw(client)._silence_timer(client, now)
-
-
 def _retry(client: SnClient, now: float) -> None:
     _gw(client)._retry_timer(client, now)
 
