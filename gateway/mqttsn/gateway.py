@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Final
 from gateway.broker.proxy import INVALID, NO_ROOM, NOT_AUTHORIZED, ProxyClient
 from gateway.broker.publish_policy import sys_write_refused
 from gateway.mqtt.topics import has_wildcard, topic_name_error
-from gateway.mqttsn import addresses, keepalive, output, sessions
+from gateway.mqttsn import addresses, keepalive, output, registry, sessions
 from gateway.mqttsn.codec import (
     RETAIN,
     TOPIC_ID_TYPE,
@@ -42,7 +42,6 @@ from gateway.mqttsn.codec import (
 from gateway.mqttsn.context import Context, SnClient, log, sparse
 from gateway.mqttsn.packets import (
     PROTOCOL_ID,
-    RESERVED_TOPIC_IDS,
     Advertise,
     ConnAck,
     Connect,
@@ -75,7 +74,6 @@ from gateway.mqttsn.packets import (
     WillTopicReq,
     WillTopicResp,
     WillTopicUpd,
-    short_topic,
 )
 from gateway.mqttsn.settings import MqttSnSettings
 from gateway.mqttsn.state import (
@@ -679,49 +677,6 @@ class Gateway(Context):
 
     # ================================================================== register (6.5)
 
-    def _register(self, key: Key, packet: Register, now: float) -> None:
-        client = sessions.connected(self, key, packet, now)
-        if client is None:
-            return
-        name = packet.topic_name
-        if topic_name_error(name):
-            log.info("client %r: REGISTER of bad topic %r refused", client.client_id, name)
-            output.send(self, client, RegAck(0, packet.msg_id, ReturnCode.NOT_SUPPORTED))
-            return
-        topic_id = self._topic_id(client, name)
-        if topic_id is None:
-            output.send(self, client, RegAck(0, packet.msg_id, ReturnCode.CONGESTION))
-            return
-        output.send(self, client, RegAck(topic_id, packet.msg_id, ReturnCode.ACCEPTED))
-
-    def _topic_id(self, client: SnClient, name: str) -> int | None:
-        """The id of ``name`` for ``client``, assigned now if new (None: table full)."""
-        ids = client.topic_ids
-        if ids is None:
-            ids = client.topic_ids = {}
-        topic_id = ids.get(name)
-        if topic_id is not None:
-            return topic_id
-        if len(ids) >= self.settings.max_topics_per_client:
-            self.stats.dropped_topic_table += 1
-            log.warning(
-                "client %r: topic table full (%d topics): %r not registered",
-                client.client_id,
-                len(ids),
-                name,
-            )
-            return None
-        topic_id = client.next_topic_id
-        if topic_id in RESERVED_TOPIC_IDS:
-            topic_id = 1
-        if topic_id == 1 and ids:  # wrapped after 65,534 ids: skip those in use
-            used = set(ids.values())
-            while topic_id in used:
-                topic_id += 1
-        client.next_topic_id = topic_id + 1
-        ids[name] = topic_id
-        return topic_id
-
     def _regack(self, key: Key, packet: RegAck, now: float) -> None:
         client = sessions.connected(self, key, packet, now)
         if client is None:
@@ -740,34 +695,12 @@ class Gateway(Context):
                 entry.message.topic,
                 packet.return_code,
             )
-            self._forget_topic(client, entry.message.topic)
+            registry.forget(client, entry.message.topic)
             if client.queue:
                 client.queue.popleft()
         self._pump(client, now)
 
-    def _forget_topic(self, client: SnClient, name: str) -> None:
-        if client.topic_ids is not None:
-            client.topic_ids.pop(name, None)
-
     # ================================================================== publishing (6.6, 6.8)
-
-    def _topic_of(self, client: SnClient | None, id_type: int, topic_id: int) -> str | None:
-        if id_type == TopicIdType.NORMAL:
-            ids = client.topic_ids if client is not None else None
-            if ids:
-                for name, known in ids.items():
-                    if known == topic_id:
-                        return name
-            return None
-        if id_type == TopicIdType.PREDEFINED:
-            return self.predefined.get(topic_id)
-        if id_type == TopicIdType.SHORT:
-            try:
-                name = short_topic(topic_id)
-            except ValueError:
-                return None
-            return None if has_wildcard(name) or "\x00" in name else name
-        return None
 
     def _publish(self, key: Key, packet: Publish, now: float) -> None:
         if packet.qos == -1:
@@ -803,7 +736,7 @@ class Gateway(Context):
         if id_type == TopicIdType.RESERVED:
             output.send(self, client, PubAck(topic_id, msg_id, ReturnCode.NOT_SUPPORTED))
             return
-        topic = self._topic_of(client, id_type, topic_id)
+        topic = registry.topic_of(self, client, id_type, topic_id)
         if topic is None:
             # 6.6: an unknown topic id is answered "rejected: invalid topic ID".
             self.stats.publish_refused += 1
@@ -849,7 +782,7 @@ class Gateway(Context):
             self.stats.publish_refused += 1
             log.info("%s: QoS -1 PUBLISH with a normal topic id dropped", addresses.where(key))
             return
-        topic = self._topic_of(None, packet.topic_id_type, packet.topic_id)
+        topic = registry.topic_of(self, None, packet.topic_id_type, packet.topic_id)
         if topic is None:
             self.stats.publish_refused += 1
             log.info(
@@ -923,7 +856,7 @@ class Gateway(Context):
             return
         if packet.topic_id_type == TopicIdType.NORMAL and not has_wildcard(topic_filter):
             # 5.4.16: the id the gateway will use when it publishes on this topic.
-            topic_id = self._topic_id(client, topic_filter) or 0
+            topic_id = registry.assign(self, client, topic_filter) or 0
         output.send(self, client, SubAck(topic_id, msg_id, ReturnCode.ACCEPTED, packet.qos))
         self._pump(client, now)
 
@@ -960,7 +893,7 @@ class Gateway(Context):
             and not client.holding
             and client.inflight is None
             and not client.queue
-            and self._resolve(client, entry)
+            and registry.resolve(self, client, entry)
         ):
             self._transmit(client, entry, now)
             return
@@ -984,25 +917,6 @@ class Gateway(Context):
         if state is State.ACTIVE and not client.holding and client.inflight is None:
             self._pump(client, now)
 
-    def _resolve(self, client: SnClient, entry: Outbound) -> bool:
-        """Pick the topic id to publish ``entry`` with; False when it must be
-        registered first."""
-        topic = entry.message.topic
-        predefined = self.predefined_ids.get(topic)
-        if predefined is not None:
-            entry.topic_id, entry.id_type = predefined, TopicIdType.PREDEFINED
-            return True
-        raw = topic.encode("utf-8")
-        if len(raw) == 2:
-            entry.topic_id, entry.id_type = int.from_bytes(raw, "big"), TopicIdType.SHORT
-            return True
-        ids = client.topic_ids
-        topic_id = ids.get(topic) if ids is not None else None
-        if topic_id is None:
-            return False
-        entry.topic_id, entry.id_type = topic_id, TopicIdType.NORMAL
-        return True
-
     def _pump(self, client: SnClient, now: float) -> None:
         """Send queued messages while the client can take them; an awake client then
         gets PINGRESP and sleeps again."""
@@ -1012,8 +926,8 @@ class Gateway(Context):
         queue = client.queue
         while queue and client.inflight is None:
             entry = queue[0]
-            if not self._resolve(client, entry):
-                topic_id = self._topic_id(client, entry.message.topic)
+            if not registry.resolve(self, client, entry):
+                topic_id = registry.assign(self, client, entry.message.topic)
                 if topic_id is None:
                     queue.popleft()  # counted in _topic_id
                     continue
@@ -1118,7 +1032,7 @@ class Gateway(Context):
             and entry.id_type == TopicIdType.NORMAL
         ):
             # The client lost the registration (it restarted): register again, resend.
-            self._forget_topic(client, entry.message.topic)
+            registry.forget(client, entry.message.topic)
             entry.step = Step.QUEUED
             if client.queue is None:
                 client.queue = deque()
@@ -1210,7 +1124,7 @@ _HANDLERS: Final[dict[type, Handler]] = {
     WillTopicUpd: Gateway._will_topic_upd,  # type: ignore[dict-item]
     WillMsgUpd: Gateway._will_msg_upd,  # type: ignore[dict-item]
     SearchGw: Gateway._searchgw,  # type: ignore[dict-item]
-    Register: Gateway._register,  # type: ignore[dict-item]
+    Register: registry.handle_register,  # type: ignore[dict-item]
     RegAck: Gateway._regack,  # type: ignore[dict-item]
     Publish: Gateway._publish,  # type: ignore[dict-item]
     PubAck: Gateway._puback,  # type: ignore[dict-item]
