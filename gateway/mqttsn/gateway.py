@@ -20,14 +20,13 @@ Section numbers refer to the MQTT-SN 1.2 specification.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 from gateway.broker.proxy import INVALID, NO_ROOM, NOT_AUTHORIZED, ProxyClient
 from gateway.broker.publish_policy import sys_write_refused
 from gateway.mqtt.topics import has_wildcard, topic_name_error
-from gateway.mqttsn import addresses, keepalive, output, registry, sessions
+from gateway.mqttsn import addresses, delivery, handle_ack, keepalive, output, registry, sessions
 from gateway.mqttsn.codec import (
     RETAIN,
     TOPIC_ID_TYPE,
@@ -35,7 +34,6 @@ from gateway.mqttsn.codec import (
     decode,
     encode,
     encode_ack,
-    encode_publish,
     flags_qos,
     peek_publish,
 )
@@ -84,9 +82,7 @@ from gateway.mqttsn.state import (
     Address,
     Datagram,
     Key,
-    Outbound,
     State,
-    Step,
     TransportPolicy,
     Will,
 )
@@ -522,9 +518,7 @@ class Gateway(Context):
             client.clean,
         )
         output.send(self, client, ConnAck(ReturnCode.ACCEPTED))
-        if client.inflight is not None:
-            self._resend(client, now)
-        self._pump(client, now)
+        delivery.resume(self, client, now)
 
     def _will_topic(self, key: Key, packet: WillTopic, now: float) -> None:
         client = self.by_key.get(key)
@@ -650,9 +644,7 @@ class Gateway(Context):
         if client.state in (State.ASLEEP, State.AWAKE):
             # 6.14: awake; send what was buffered, then PINGRESP, then asleep again.
             client.state = State.AWAKE
-            if client.inflight is not None:
-                self._resend(client, now)
-            self._pump(client, now)
+            delivery.resume(self, client, now)
             return None
         output.send(self, client, PingResp())
         return None
@@ -676,29 +668,6 @@ class Gateway(Context):
         sessions.end(self, client, now)
 
     # ================================================================== register (6.5)
-
-    def _regack(self, key: Key, packet: RegAck, now: float) -> None:
-        client = sessions.connected(self, key, packet, now)
-        if client is None:
-            return
-        entry = client.inflight
-        if entry is None or entry.step != Step.REGISTERING or entry.msg_id != packet.msg_id:
-            return
-        self._stop_retry(client)
-        client.inflight = None
-        if packet.return_code != ReturnCode.ACCEPTED:
-            # The client will not take the topic: the message cannot be delivered.
-            self.stats.publish_refused += 1
-            log.info(
-                "client %r refused REGISTER of %r (return code %d): message dropped",
-                client.client_id,
-                entry.message.topic,
-                packet.return_code,
-            )
-            registry.forget(client, entry.message.topic)
-            if client.queue:
-                client.queue.popleft()
-        self._pump(client, now)
 
     # ================================================================== publishing (6.6, 6.8)
 
@@ -858,7 +827,7 @@ class Gateway(Context):
             # 5.4.16: the id the gateway will use when it publishes on this topic.
             topic_id = registry.assign(self, client, topic_filter) or 0
         output.send(self, client, SubAck(topic_id, msg_id, ReturnCode.ACCEPTED, packet.qos))
-        self._pump(client, now)
+        delivery.pump(self, client, now)
 
     def _unsubscribe(self, key: Key, packet: Unsubscribe, now: float) -> None:
         client = sessions.connected(self, key, packet, now)
@@ -872,199 +841,9 @@ class Gateway(Context):
             client.proxy.unsubscribe(name)
         output.send(self, client, UnsubAck(packet.msg_id))
 
-    # ================================================================== delivery (6.10)
-
     def deliver(self, client: SnClient, msg: Message, qos: int, retain: bool) -> None:
         """A message for ``client`` from the broker: sent now or queued (bounded)."""
-        state = client.state
-        if state is State.DISCONNECTED and qos == 0:
-            self.stats.dropped_offline_qos0 += 1
-            return
-        if len(msg.payload) + 7 > self.settings.max_message_size:
-            # A PUBLISH longer than the clients may receive: counted, not sent.
-            self.stats.dropped_too_large += 1
-            return
-        # Deliveries happen inside the broker's routing; a message routed just now
-        # was created just now (retained ones arrive inside our own SUBSCRIBE).
-        now = msg.created if msg.created > self.now else self.now
-        entry = Outbound(msg, qos, retain)
-        if (
-            state is State.ACTIVE
-            and not client.holding
-            and client.inflight is None
-            and not client.queue
-            and registry.resolve(self, client, entry)
-        ):
-            self._transmit(client, entry, now)
-            return
-        queue = client.queue
-        if queue is None:
-            queue = client.queue = deque()
-        if len(queue) >= self.settings.max_queued_messages:
-            self.stats.dropped_queue_full += 1
-            if self.stats.dropped_queue_full & (self.stats.dropped_queue_full - 1) == 0:
-                log.warning(
-                    "queue of %r full (%d messages): %s (%d dropped so far)",
-                    client.client_id,
-                    len(queue),
-                    self.settings.queue_policy,
-                    self.stats.dropped_queue_full,
-                )
-            if self.settings.queue_policy == "drop-new":
-                return
-            queue.popleft()
-        queue.append(entry)
-        if state is State.ACTIVE and not client.holding and client.inflight is None:
-            self._pump(client, now)
-
-    def _pump(self, client: SnClient, now: float) -> None:
-        """Send queued messages while the client can take them; an awake client then
-        gets PINGRESP and sleeps again."""
-        state = client.state
-        if state not in (State.ACTIVE, State.AWAKE) or client.holding:
-            return
-        queue = client.queue
-        while queue and client.inflight is None:
-            entry = queue[0]
-            if not registry.resolve(self, client, entry):
-                topic_id = registry.assign(self, client, entry.message.topic)
-                if topic_id is None:
-                    queue.popleft()  # counted in _topic_id
-                    continue
-                # 6.10: REGISTER first; the PUBLISH follows the REGACK.
-                entry.step = Step.REGISTERING
-                entry.msg_id = client.allocate_msg_id()
-                entry.topic_id = topic_id
-                client.inflight = entry
-                output.send(self, client, Register(topic_id, entry.msg_id, entry.message.topic))
-                self._start_retry(client, now)
-                return
-            queue.popleft()
-            self._transmit(client, entry, now)
-        if not queue:
-            client.queue = None
-        if client.state is State.AWAKE and client.inflight is None and not client.queue:
-            output.send(self, client, PingResp())
-            keepalive.asleep(self, client, now)
-
-    def _transmit(self, client: SnClient, entry: Outbound, now: float) -> None:
-        msg = entry.message
-        if entry.qos == 0:
-            output.emit(
-                self,
-                client,
-                encode_publish(
-                    entry.topic_id, 0, msg.payload, 0, entry.retain, False, entry.id_type
-                ),
-            )
-            return
-        entry.msg_id = client.allocate_msg_id()
-        entry.step = Step.AWAIT_PUBACK if entry.qos == 1 else Step.AWAIT_PUBREC
-        client.inflight = entry
-        output.emit(self, client, _publish_bytes(entry, dup=False))
-        self._start_retry(client, now)
-
-    def _resend(self, client: SnClient, now: float) -> None:
-        """Send the step in flight again (DUP on a PUBLISH), section 6.13."""
-        entry = client.inflight
-        if entry is None:
-            return
-        self.stats.retransmissions += 1
-        if entry.step == Step.REGISTERING:
-            output.send(self, client, Register(entry.topic_id, entry.msg_id, entry.message.topic))
-        elif entry.step == Step.AWAIT_PUBCOMP:
-            output.send(self, client, PubRel(entry.msg_id))
-        else:
-            output.emit(self, client, _publish_bytes(entry, dup=True))
-        self._start_retry(client, now)
-
-    def _start_retry(self, client: SnClient, now: float) -> None:
-        self.timers.cancel(client.retry_timer)
-        client.retry_timer = self.timers.at(now + self.settings.retry_interval, _retry, client)
-
-    def _stop_retry(self, client: SnClient) -> None:
-        self.timers.cancel(client.retry_timer)
-        client.retry_timer = None
-        client.retries = 0
-
-    def _retry_timer(self, client: SnClient, now: float) -> None:
-        client.retry_timer = None
-        if client.inflight is None or client.state not in (State.ACTIVE, State.AWAKE):
-            return
-        if client.retries >= self.settings.max_retries:
-            sessions.lost(
-                self,
-                client,
-                now,
-                f"no acknowledgement after {client.retries} resends "
-                f"(every {self.settings.retry_interval:g} s)",
-            )
-            return
-        client.retries += 1
-        self._resend(client, now)
-
-    def _acknowledged(
-        self,
-        key: Key,
-        packet: PubAck | PubRec | PubComp,
-        now: float,
-        steps: tuple[int, ...],
-    ) -> tuple[SnClient, Outbound] | None:
-        """The client and its message in flight that ``packet`` acknowledges, if any
-        (an acknowledgement of anything else is ignored, as MQTT does)."""
-        client = sessions.connected(self, key, packet, now)
-        if client is None:
-            return None
-        entry = client.inflight
-        if entry is None or entry.msg_id != packet.msg_id or entry.step not in steps:
-            return None
-        return client, entry
-
-    def _puback(self, key: Key, packet: PubAck, now: float) -> None:
-        found = self._acknowledged(key, packet, now, (Step.AWAIT_PUBACK, Step.AWAIT_PUBREC))
-        if found is None:
-            return
-        client, entry = found
-        self._stop_retry(client)
-        client.inflight = None
-        if (
-            packet.return_code == ReturnCode.INVALID_TOPIC_ID
-            and entry.id_type == TopicIdType.NORMAL
-        ):
-            # The client lost the registration (it restarted): register again, resend.
-            registry.forget(client, entry.message.topic)
-            entry.step = Step.QUEUED
-            if client.queue is None:
-                client.queue = deque()
-            client.queue.appendleft(entry)
-        elif packet.return_code != ReturnCode.ACCEPTED:
-            self.stats.publish_refused += 1
-            log.info(
-                "client %r refused a message on %r (return code %d)",
-                client.client_id,
-                entry.message.topic,
-                packet.return_code,
-            )
-        self._pump(client, now)
-
-    def _pubrec(self, key: Key, packet: PubRec, now: float) -> None:
-        found = self._acknowledged(key, packet, now, (Step.AWAIT_PUBREC, Step.AWAIT_PUBCOMP))
-        if found is None:
-            return
-        client, entry = found
-        entry.step = Step.AWAIT_PUBCOMP
-        client.retries = 0
-        output.send(self, client, PubRel(packet.msg_id))
-        self._start_retry(client, now)
-
-    def _pubcomp(self, key: Key, packet: PubComp, now: float) -> None:
-        found = self._acknowledged(key, packet, now, (Step.AWAIT_PUBCOMP,))
-        if found is None:
-            return
-        client = found[0]
-        self._stop_retry(client)
-        client.inflight = None
-        self._pump(client, now)
+        delivery.deliver(self, client, msg, qos, retain)
 
     # ================================================================== helpers
 
@@ -1083,18 +862,6 @@ class Gateway(Context):
         )
 
 
-def _publish_bytes(entry: Outbound, *, dup: bool) -> bytes:
-    return encode_publish(
-        entry.topic_id,
-        entry.msg_id,
-        entry.message.payload,
-        entry.qos,
-        entry.retain,
-        dup,
-        entry.id_type,
-    )
-
-
 def _gw(client: SnClient) -> Gateway:
     ctx = client.ctx
     assert isinstance(ctx, Gateway)
@@ -1103,10 +870,6 @@ def _gw(client: SnClient) -> Gateway:
 
 # Timer callbacks as plain functions: a bound method would be one more object per
 # client and deadline (idle clients are many; each byte counts a thousand times).
-def _retry(client: SnClient, now: float) -> None:
-    _gw(client)._retry_timer(client, now)
-
-
 def _connect_deadline(client: SnClient, now: float) -> None:
     _gw(client)._connect_timer(client, now)
 
@@ -1125,12 +888,12 @@ _HANDLERS: Final[dict[type, Handler]] = {
     WillMsgUpd: Gateway._will_msg_upd,  # type: ignore[dict-item]
     SearchGw: Gateway._searchgw,  # type: ignore[dict-item]
     Register: registry.handle_register,  # type: ignore[dict-item]
-    RegAck: Gateway._regack,  # type: ignore[dict-item]
+    RegAck: handle_ack.handle_regack,  # type: ignore[dict-item]
     Publish: Gateway._publish,  # type: ignore[dict-item]
-    PubAck: Gateway._puback,  # type: ignore[dict-item]
-    PubRec: Gateway._pubrec,  # type: ignore[dict-item]
+    PubAck: handle_ack.handle_puback,  # type: ignore[dict-item]
+    PubRec: handle_ack.handle_pubrec,  # type: ignore[dict-item]
     PubRel: Gateway._pubrel,  # type: ignore[dict-item]
-    PubComp: Gateway._pubcomp,  # type: ignore[dict-item]
+    PubComp: handle_ack.handle_pubcomp,  # type: ignore[dict-item]
     Subscribe: Gateway._subscribe,  # type: ignore[dict-item]
     Unsubscribe: Gateway._unsubscribe,  # type: ignore[dict-item]
     PingReq: Gateway._pingreq,  # type: ignore[dict-item]
