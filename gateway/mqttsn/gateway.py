@@ -23,17 +23,26 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
-from gateway.broker.proxy import INVALID, NO_ROOM, NOT_AUTHORIZED, ProxyClient
+from gateway.broker.proxy import ProxyClient
 from gateway.broker.publish_policy import sys_write_refused
-from gateway.mqtt.topics import has_wildcard, topic_name_error
-from gateway.mqttsn import addresses, delivery, handle_ack, keepalive, output, registry, sessions
+from gateway.mqtt.topics import topic_name_error
+from gateway.mqttsn import (
+    addresses,
+    delivery,
+    handle_ack,
+    handle_publish,
+    handle_subscribe,
+    keepalive,
+    output,
+    registry,
+    sessions,
+)
 from gateway.mqttsn.codec import (
     RETAIN,
     TOPIC_ID_TYPE,
     MalformedMessage,
     decode,
     encode,
-    encode_ack,
     flags_qos,
     peek_publish,
 )
@@ -46,7 +55,6 @@ from gateway.mqttsn.packets import (
     Disconnect,
     Encapsulated,
     GwInfo,
-    MsgType,
     Packet,
     PingReq,
     PingResp,
@@ -59,10 +67,7 @@ from gateway.mqttsn.packets import (
     Register,
     ReturnCode,
     SearchGw,
-    SubAck,
     Subscribe,
-    TopicIdType,
-    UnsubAck,
     Unsubscribe,
     WillMsg,
     WillMsgReq,
@@ -104,14 +109,6 @@ __all__ = [
     "TransportPolicy",
 ]
 
-#: The return code (section 5.3.10) for each kind of broker refusal: MQTT-SN has no
-#: "not authorized", so what the ACL forbids is "not supported".
-_RETURN_CODES: Final = {
-    NOT_AUTHORIZED: ReturnCode.NOT_SUPPORTED,
-    NO_ROOM: ReturnCode.CONGESTION,
-    INVALID: ReturnCode.INVALID_TOPIC_ID,
-}
-
 
 class Gateway(Context):
     """The dispatcher over the shared state; driven by the shell with time as an argument."""
@@ -145,7 +142,8 @@ class Gateway(Context):
             if client is not None and qos >= 0 and client.state in CONNECTED_STATES:
                 self.stats.messages_received += 1
                 sessions.heard(self, client, now)
-                self._publish_fields(
+                handle_publish.publish(
+                    self,
                     client,
                     qos,
                     bool(flags & RETAIN),
@@ -669,178 +667,6 @@ class Gateway(Context):
 
     # ================================================================== register (6.5)
 
-    # ================================================================== publishing (6.6, 6.8)
-
-    def _publish(self, key: Key, packet: Publish, now: float) -> None:
-        if packet.qos == -1:
-            return self._publish_qos_minus_one(key, packet, now)
-        client = sessions.connected(self, key, packet, now)
-        if client is None:
-            return None
-        self._publish_fields(
-            client,
-            packet.qos,
-            packet.retain,
-            packet.topic_id_type,
-            packet.topic_id,
-            packet.msg_id,
-            packet.data,
-            now,
-        )
-        return None
-
-    def _publish_fields(
-        self,
-        client: SnClient,
-        qos: int,
-        retain: bool,
-        id_type: int,
-        topic_id: int,
-        msg_id: int,
-        data: bytes,
-        now: float,
-    ) -> None:
-        """A PUBLISH (QoS 0-2) from a connected client: the one policy, whether it came
-        through ``decode`` or the datagram fast path (``received``)."""
-        if id_type == TopicIdType.RESERVED:
-            output.send(self, client, PubAck(topic_id, msg_id, ReturnCode.NOT_SUPPORTED))
-            return
-        topic = registry.topic_of(self, client, id_type, topic_id)
-        if topic is None:
-            # 6.6: an unknown topic id is answered "rejected: invalid topic ID".
-            self.stats.publish_refused += 1
-            output.send(self, client, PubAck(topic_id, msg_id, ReturnCode.INVALID_TOPIC_ID))
-            return
-        if qos == 2:
-            inbound = client.inbound_qos2
-            if inbound is not None and msg_id in inbound:
-                output.send(self, client, PubRec(msg_id))  # a resend: routed already
-                return
-            if inbound is not None and len(inbound) >= MAX_INBOUND_QOS2:
-                self.stats.publish_refused += 1
-                output.send(self, client, PubAck(topic_id, msg_id, ReturnCode.CONGESTION))
-                return
-        proxy = client.proxy
-        assert proxy is not None
-        refused = proxy.refusal(topic, qos, retain, len(data))
-        if refused is not None:
-            self.stats.publish_refused += 1
-            log.info(
-                "client %r: PUBLISH on %r refused: %s", client.client_id, topic, refused.reason
-            )
-            if qos:
-                output.send(self, client, PubAck(topic_id, msg_id, _RETURN_CODES[refused.kind]))
-            return
-        batch = proxy.publish_counted(topic, data, now, qos=qos, retain=retain)
-        if qos == 1:
-            output.emit(self, client, encode_ack(MsgType.PUBACK, topic_id, msg_id), batch or 0)
-        elif qos == 2:
-            if client.inbound_qos2 is None:
-                client.inbound_qos2 = set()
-            client.inbound_qos2.add(msg_id)
-            output.emit(self, client, encode(PubRec(msg_id)), batch or 0)
-
-    def _publish_qos_minus_one(self, key: Key, packet: Publish, now: float) -> None:
-        """6.8: no connection, predefined and short topics only, nothing answered."""
-        policy = self.transports.get(key[0])
-        if not self.settings.qos_minus_one or (policy is not None and policy.allow_client_ids):
-            self.stats.publish_refused += 1
-            log.debug("%s: QoS -1 PUBLISH refused (not enabled here)", addresses.where(key))
-            return
-        if packet.topic_id_type not in (TopicIdType.PREDEFINED, TopicIdType.SHORT):
-            self.stats.publish_refused += 1
-            log.info("%s: QoS -1 PUBLISH with a normal topic id dropped", addresses.where(key))
-            return
-        topic = registry.topic_of(self, None, packet.topic_id_type, packet.topic_id)
-        if topic is None:
-            self.stats.publish_refused += 1
-            log.info(
-                "%s: QoS -1 PUBLISH to unknown topic id %d", addresses.where(key), packet.topic_id
-            )
-            return
-        client = self.by_key.get(key)
-        proxy = client.proxy if client is not None and client.proxy is not None else None
-        if proxy is None:
-            proxy = self._anonymous_client(now)
-        if proxy.refusal(topic, 0, packet.retain, len(packet.data)) is not None:
-            self.stats.publish_refused += 1
-            return
-        self.stats.qos_minus_one += 1
-        proxy.publish_counted(topic, packet.data, now, qos=0, retain=packet.retain)
-
-    def _anonymous_client(self, now: float) -> ProxyClient:
-        """The broker session QoS -1 messages come from (not counted as connected)."""
-        if self.anonymous is None:
-            self.anonymous = ProxyClient(
-                self.broker, "ledge-mqttsn-qos-1", _discard, acl=self.acl, now=now, counted=False
-            )
-        return self.anonymous
-
-    def _pubrel(self, key: Key, packet: PubRel, now: float) -> None:
-        client = sessions.connected(self, key, packet, now)
-        if client is None:
-            return
-        if client.inbound_qos2 is not None:
-            client.inbound_qos2.discard(packet.msg_id)
-            if not client.inbound_qos2:
-                client.inbound_qos2 = None
-        output.emit(self, client, encode(PubComp(packet.msg_id)))
-
-    # ================================================================== subscribe (6.9)
-
-    def _subscribe(self, key: Key, packet: Subscribe, now: float) -> None:
-        client = sessions.connected(self, key, packet, now)
-        if client is None:
-            return
-        msg_id = packet.msg_id
-        if packet.qos < 0:
-            output.send(self, client, SubAck(0, msg_id, ReturnCode.NOT_SUPPORTED))
-            return
-        topic_id = 0
-        if packet.topic_id_type == TopicIdType.PREDEFINED:
-            assert isinstance(packet.topic, int)
-            name = self.predefined.get(packet.topic)
-            if name is None:
-                output.send(self, client, SubAck(packet.topic, msg_id, ReturnCode.INVALID_TOPIC_ID))
-                return
-            topic_filter, topic_id = name, packet.topic
-        else:
-            assert isinstance(packet.topic, str)
-            topic_filter = packet.topic
-        proxy = client.proxy
-        assert proxy is not None
-        client.holding = True  # retained messages go out after the SUBACK
-        try:
-            refused = proxy.subscribe_checked(topic_filter, packet.qos, now)
-        finally:
-            client.holding = False
-        if refused is not None:
-            log.info(
-                "client %r: SUBSCRIBE %r refused: %s",
-                client.client_id,
-                topic_filter,
-                refused.reason,
-            )
-            output.send(self, client, SubAck(topic_id, msg_id, _RETURN_CODES[refused.kind]))
-            return
-        if packet.topic_id_type == TopicIdType.NORMAL and not has_wildcard(topic_filter):
-            # 5.4.16: the id the gateway will use when it publishes on this topic.
-            topic_id = registry.assign(self, client, topic_filter) or 0
-        output.send(self, client, SubAck(topic_id, msg_id, ReturnCode.ACCEPTED, packet.qos))
-        delivery.pump(self, client, now)
-
-    def _unsubscribe(self, key: Key, packet: Unsubscribe, now: float) -> None:
-        client = sessions.connected(self, key, packet, now)
-        if client is None:
-            return
-        if packet.topic_id_type == TopicIdType.PREDEFINED:
-            name = self.predefined.get(packet.topic) if isinstance(packet.topic, int) else None
-        else:
-            name = packet.topic if isinstance(packet.topic, str) else None
-        if name is not None and client.proxy is not None:
-            client.proxy.unsubscribe(name)
-        output.send(self, client, UnsubAck(packet.msg_id))
-
     def deliver(self, client: SnClient, msg: Message, qos: int, retain: bool) -> None:
         """A message for ``client`` from the broker: sent now or queued (bounded)."""
         delivery.deliver(self, client, msg, qos, retain)
@@ -874,10 +700,6 @@ def _connect_deadline(client: SnClient, now: float) -> None:
     _gw(client)._connect_timer(client, now)
 
 
-def _discard(msg: Message, qos: int, retain: bool, sub_ids: tuple[int, ...]) -> None:
-    pass
-
-
 Handler = Callable[[Gateway, Key, Packet, float], None]
 
 _HANDLERS: Final[dict[type, Handler]] = {
@@ -889,13 +711,13 @@ _HANDLERS: Final[dict[type, Handler]] = {
     SearchGw: Gateway._searchgw,  # type: ignore[dict-item]
     Register: registry.handle_register,  # type: ignore[dict-item]
     RegAck: handle_ack.handle_regack,  # type: ignore[dict-item]
-    Publish: Gateway._publish,  # type: ignore[dict-item]
+    Publish: handle_publish.handle_publish,  # type: ignore[dict-item]
     PubAck: handle_ack.handle_puback,  # type: ignore[dict-item]
     PubRec: handle_ack.handle_pubrec,  # type: ignore[dict-item]
-    PubRel: Gateway._pubrel,  # type: ignore[dict-item]
+    PubRel: handle_publish.handle_pubrel,  # type: ignore[dict-item]
     PubComp: handle_ack.handle_pubcomp,  # type: ignore[dict-item]
-    Subscribe: Gateway._subscribe,  # type: ignore[dict-item]
-    Unsubscribe: Gateway._unsubscribe,  # type: ignore[dict-item]
+    Subscribe: handle_subscribe.handle_subscribe,  # type: ignore[dict-item]
+    Unsubscribe: handle_subscribe.handle_unsubscribe,  # type: ignore[dict-item]
     PingReq: Gateway._pingreq,  # type: ignore[dict-item]
     Disconnect: Gateway._disconnect,  # type: ignore[dict-item]
 }

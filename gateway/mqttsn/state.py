@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import TYPE_CHECKING, Final
 
-from gateway.mqttsn.packets import TopicIdType
+from gateway.broker.proxy import INVALID, NO_ROOM, NOT_AUTHORIZED
+from gateway.mqttsn.packets import ReturnCode, TopicIdType
 
 if TYPE_CHECKING:
     from gateway.broker.message import Message
@@ -36,6 +37,14 @@ MAX_INBOUND_QOS2: Final = 16
 #: Longest client id accepted (the specification says 1-23 characters; like MQTT
 #: 3.1.1 servers we accept longer ones).
 MAX_CLIENT_ID: Final = 64
+
+#: The return code (section 5.3.10) for each kind of broker refusal: MQTT-SN has no
+#: "not authorized", so what the ACL forbids is "not supported".
+RETURN_CODES: Final = {
+    NOT_AUTHORIZED: ReturnCode.NOT_SUPPORTED,
+    NO_ROOM: ReturnCode.CONGESTION,
+    INVALID: ReturnCode.INVALID_TOPIC_ID,
+}
 
 
 class State(IntEnum):
