@@ -23,13 +23,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
-from gateway.broker.proxy import ProxyClient
-from gateway.broker.publish_policy import sys_write_refused
-from gateway.mqtt.topics import topic_name_error
 from gateway.mqttsn import (
     addresses,
     delivery,
     handle_ack,
+    handle_connect,
     handle_publish,
     handle_subscribe,
     keepalive,
@@ -46,11 +44,9 @@ from gateway.mqttsn.codec import (
     flags_qos,
     peek_publish,
 )
-from gateway.mqttsn.context import Context, SnClient, log, sparse
+from gateway.mqttsn.context import Context, SnClient, log
 from gateway.mqttsn.packets import (
-    PROTOCOL_ID,
     Advertise,
-    ConnAck,
     Connect,
     Disconnect,
     Encapsulated,
@@ -65,17 +61,12 @@ from gateway.mqttsn.packets import (
     PubRel,
     RegAck,
     Register,
-    ReturnCode,
     SearchGw,
     Subscribe,
     Unsubscribe,
     WillMsg,
-    WillMsgReq,
-    WillMsgResp,
     WillMsgUpd,
     WillTopic,
-    WillTopicReq,
-    WillTopicResp,
     WillTopicUpd,
 )
 from gateway.mqttsn.settings import MqttSnSettings
@@ -89,7 +80,6 @@ from gateway.mqttsn.state import (
     Key,
     State,
     TransportPolicy,
-    Will,
 )
 
 if TYPE_CHECKING:
@@ -234,362 +224,6 @@ class Gateway(Context):
             base + "publish/dropped/too large": str(st.dropped_too_large),
         }
 
-    # ================================================================== connect (6.2)
-
-    def _connect(self, key: Key, packet: Connect, now: float) -> None:
-        cid = packet.client_id
-        st = self.stats
-        too_fast = self._connect_rate_exceeded(key, now)
-        if too_fast is not None:
-            st.clients_refused += 1
-            st.clients_refused_rate += 1
-            self._refuse_connect(key, cid, ReturnCode.CONGESTION, too_fast, now)
-            return
-        refuse = self._connect_refusal(key, packet)
-        if refuse is not None:
-            st.clients_refused += 1
-            self._refuse_connect(key, cid, refuse[0], refuse[1], now)
-            return
-        if self._address_full(key, cid) and not self._evict_unproven_at(key, cid, now):
-            st.clients_refused += 1
-            st.clients_refused_per_address += 1
-            why = (
-                f"{self.settings.max_clients_per_address} clients from this address already"
-                " (mqttsn.max_clients_per_address)"
-            )
-            self._refuse_connect(key, cid, ReturnCode.CONGESTION, why, now)
-            return
-        self.stats.connects += 1
-        existing = self.by_id.get(cid)
-        client = self.by_key.get(key)
-        if client is not None and client is not existing:
-            # Another client id at this address: the device restarted under a new id.
-            sessions.lost(self, client, now, f"address taken over by client {cid!r}", will=False)
-        if existing is not None:
-            client = self._resume(existing, key, packet, now)
-        else:
-            if not self._make_room(cid, now):
-                st.clients_refused += 1
-                why = f"all {self.settings.max_clients} client slots held by established clients"
-                self._refuse_connect(key, cid, ReturnCode.CONGESTION, why, now)
-                return
-            client = SnClient(self, key, cid, now)
-            self.by_id[cid] = client
-            self.by_key[key] = client
-        client.clean = packet.clean_session
-        client.duration = packet.duration
-        client.last_rx = now
-        if packet.will:
-            if client.state is not State.CONNECTING:
-                client.state = State.CONNECTING
-                self.connecting += 1
-            sessions.cancel_timers(self, client)
-            client.timer = self.timers.at(
-                now + self.settings.connect_timeout, _connect_deadline, client
-            )
-            output.send(self, client, WillTopicReq())
-            return
-        if client.clean or client.state is State.CONNECTING:
-            client.will = None  # 6.3: CleanSession=true, Will=false deletes the Will
-        self._accept(client, now)
-
-    def _refuse_connect(self, key: Key, cid: str, code: int, why: str, now: float) -> None:
-        """CONNACK ``code``; the line about it at a bounded rate per source."""
-        self.refusals(
-            now,
-            addresses.log_source(key),
-            "%s: refusing CONNECT of %r: %s",
-            addresses.where(key),
-            cid,
-            why,
-        )
-        output.send_to(self, key, encode(ConnAck(code)))
-
-    def _connect_rate_exceeded(self, key: Key, now: float) -> str | None:
-        """Why a CONNECT now is over ``max_connect_rate_per_address`` (UDP sources) or
-        ``max_connect_rate`` (everyone), or None."""
-        settings = self.settings
-        source = addresses.source(key[1])
-        if source is not None and not self.connect_rate_by_source.take(source, now):
-            rate = settings.max_connect_rate_per_address
-            return (
-                f"more than {rate:g} CONNECTs a second from {source}"
-                " (mqttsn.max_connect_rate_per_address)"
-            )
-        if not self.connect_rate.take(now):
-            rate = settings.max_connect_rate
-            return f"more than {rate:g} CONNECTs a second in all (mqttsn.max_connect_rate)"
-        return None
-
-    def _connect_refusal(self, key: Key, packet: Connect) -> tuple[int, str] | None:
-        cid = packet.client_id
-        if packet.protocol_id != PROTOCOL_ID:
-            return ReturnCode.NOT_SUPPORTED, f"protocol id 0x{packet.protocol_id:02x} is not 0x01"
-        if not cid or len(cid) > MAX_CLIENT_ID or topic_name_error(cid) or "/" in cid:
-            return ReturnCode.NOT_SUPPORTED, "client id must be 1-64 characters, no '/', '+', '#'"
-        policy = self.transports.get(key[0])
-        if policy is not None and policy.allow_client_ids and cid not in policy.allow_client_ids:
-            return ReturnCode.NOT_SUPPORTED, f"client id not in {key[0]}'s allow_client_ids"
-        if cid not in self.by_id and cid in self.broker.sessions:
-            return ReturnCode.NOT_SUPPORTED, "client id in use by an MQTT client"
-        if packet.will and self.connecting >= self.settings.max_connecting:
-            return ReturnCode.CONGESTION, f"{self.connecting} clients already connecting"
-        return None
-
-    def _resume(self, client: SnClient, key: Key, packet: Connect, now: float) -> SnClient:
-        """A client id we know connects again (maybe from a new address)."""
-        if client.key != key:
-            if self.by_key.get(client.key) is client:
-                log.info(
-                    "client %r moves from %s to %s",
-                    client.client_id,
-                    client.where,
-                    addresses.where(key),
-                )
-                del self.by_key[client.key]
-            client.move(key)
-        self.by_key[key] = client
-        sleeping = client.state in (State.ASLEEP, State.AWAKE)
-        if packet.clean_session and not sleeping:
-            # 6.3: a clean session forgets subscriptions, registrations and the Will.
-            sessions.clear_session(self, client, now)
-        return client
-
-    def _address_full(self, key: Key, cid: str) -> bool:
-        """``max_clients_per_address`` clients already hold a connection from the source
-        of ``key`` (its IPv4 address or IPv6 /64, any port, any node behind a forwarder
-        there), not counting the client ``cid`` itself or the one at ``key`` (this
-        CONNECT replaces both). A serial line is one wired coordinator: not limited."""
-        source = addresses.source(key[1])
-        if source is None:
-            return False
-        limit = self.settings.max_clients_per_address
-        count = 0
-        for other_key, client in self.by_key.items():
-            if client.source == source and other_key != key and client.client_id != cid:
-                count += 1
-                if count >= limit:
-                    return True
-        return False
-
-    def _evict_unproven_at(self, key: Key, cid: str, now: float) -> bool:
-        """The source of ``key`` is at ``max_clients_per_address``: the oldest unproven
-        client from there (not ``cid`` itself) makes room, whatever its age (a source's
-        own clients are all it can push out). False when there is none."""
-        source = addresses.source(key[1])
-        for client in self.unproven.values():
-            if client.source == source and client.client_id != cid:
-                why = f"{self.settings.max_clients_per_address} clients from {source}"
-                self._evict_unproven(client, cid, why, now)
-                return True
-        return False
-
-    def _evict_unproven(self, client: SnClient, cid: str, why: str, now: float) -> None:
-        """End ``client``, silent since its CONNACK, to admit ``cid``. DISCONNECT tells a
-        real device to connect again; no will is published (a spoofed CONNECT must not
-        publish one); a persistent session is kept, disconnected."""
-        st = self.stats
-        st.clients_evicted_unproven += 1
-        if sparse(st.clients_evicted_unproven):
-            log.warning(
-                "client %r at %s, silent for %.1f s since its CONNACK, evicted to admit %r:"
-                " %s (%d evicted so far)",
-                client.client_id,
-                client.where,
-                now - client.last_rx,
-                cid,
-                why,
-                st.clients_evicted_unproven,
-            )
-        output.send(self, client, Disconnect())
-        client.will = None
-        sessions.end(self, client, now)
-
-    def _make_room(self, cid: str, now: float) -> bool:
-        """A slot for the new client ``cid``. Unproven clients beyond
-        ``unproven_share`` and past ``unproven_grace`` go first, oldest first; then, if
-        every slot is taken (policy "evict unproven, then longest silent"), the oldest
-        unproven client whatever its age, else the longest-disconnected remembered
-        session, else the connected client without a keep-alive (Duration 0) silent
-        the longest. Never a proven client with a keep-alive or asleep: while it keeps
-        to its Duration it is established (6.11, 6.14) and its own timer ends it when
-        it stops; nor one in the middle of its CONNECT (``max_connecting``,
-        ``connect_timeout``)."""
-        settings = self.settings
-        unproven = self.unproven
-        share = settings.max_unproven
-        judged = now - settings.unproven_grace
-        while len(unproven) - (cid in unproven) >= share:
-            oldest = next(c for c in unproven.values() if c.client_id != cid)
-            if oldest.last_rx > judged:
-                break
-            why = f"{len(unproven)} unproven clients (mqttsn.unproven_share of {share})"
-            self._evict_unproven(oldest, cid, why, now)
-        if len(self.by_id) < settings.max_clients:
-            return True
-        victim = next((c for c in unproven.values() if c.client_id != cid), None)
-        if victim is not None:
-            self._evict_unproven(victim, cid, f"all {settings.max_clients} slots in use", now)
-            if len(self.by_id) < settings.max_clients:
-                return True
-        gone: SnClient | None = None
-        idle: SnClient | None = None
-        for client in self.by_id.values():
-            if client.state is State.DISCONNECTED:
-                if gone is None or client.last_rx < gone.last_rx:
-                    gone = client
-            elif (
-                client.state is State.ACTIVE
-                and not client.duration
-                and (idle is None or client.last_rx < idle.last_rx)
-            ):
-                idle = client
-        if gone is not None:
-            self.stats.clients_evicted += 1
-            if sparse(self.stats.clients_evicted):
-                log.info(
-                    "forgetting the disconnected session of %r to make room (%d forgotten so far)",
-                    gone.client_id,
-                    self.stats.clients_evicted,
-                )
-            sessions.forget(self, gone, gone.last_rx)
-            return True
-        if idle is None:
-            return False
-        st = self.stats
-        st.clients_evicted_silent += 1
-        if sparse(st.clients_evicted_silent):
-            log.warning(
-                "client %r at %s evicted for %r: all %d client slots in use and it has no"
-                " keep alive and was silent for %.0f s (%d evicted so far)",
-                idle.client_id,
-                idle.where,
-                cid,
-                self.settings.max_clients,
-                now - idle.last_rx,
-                st.clients_evicted_silent,
-            )
-        # The gateway ends the connection: DISCONNECT tells the device (5.4.21), and
-        # its Will is published as for any connection ended without its DISCONNECT.
-        output.send(self, idle, Disconnect())
-        sessions.publish_will(idle, now)
-        sessions.forget(self, idle, now)
-        return True
-
-    def _accept(self, client: SnClient, now: float) -> None:
-        """The CONNECT is complete: the client is active (CONNACK accepted), unproven
-        until it is heard from again."""
-        if client.state is State.CONNECTING:
-            self.connecting -= 1
-        if client.will is not None:
-            rules = self.rules(client)
-            if sys_write_refused(client.will.topic, client.client_id) or (
-                rules is not None and not rules.can_write(client.will.topic)
-            ):
-                self.stats.clients_refused += 1
-                self.refusals(
-                    now,
-                    addresses.log_source(client.key),
-                    "%s: refusing CONNECT of %r: not authorized to publish its will on %r",
-                    client.where,
-                    client.client_id,
-                    client.will.topic,
-                )
-                output.send(self, client, ConnAck(ReturnCode.NOT_SUPPORTED))
-                sessions.forget(self, client, now)
-                return
-        if client.proxy is None:
-            client.proxy = ProxyClient(
-                self.broker, client.client_id, client.receive, acl=self.acl, now=now
-            )
-        client.state = State.ACTIVE
-        client.proven = False
-        self.unproven.pop(client.client_id, None)
-        self.unproven[client.client_id] = client
-        sessions.cancel_timers(self, client)
-        keepalive.arm(self, client, now)
-        log.info(
-            "client %r connected from %s (keep alive %d s, clean session %s)",
-            client.client_id,
-            client.where,
-            client.duration,
-            client.clean,
-        )
-        output.send(self, client, ConnAck(ReturnCode.ACCEPTED))
-        delivery.resume(self, client, now)
-
-    def _will_topic(self, key: Key, packet: WillTopic, now: float) -> None:
-        client = self.by_key.get(key)
-        if client is None or client.state is not State.CONNECTING:
-            return sessions.not_connected(self, key, packet)
-        client.last_rx = now
-        if not packet.topic:
-            client.will = None  # an empty WILLTOPIC: no Will (5.4.7)
-            return self._accept(client, now)
-        if topic_name_error(packet.topic):
-            self.stats.clients_refused += 1
-            self.refusals(
-                now,
-                addresses.log_source(key),
-                "%s: refusing CONNECT of %r: bad will topic %r",
-                addresses.where(key),
-                client.client_id,
-                packet.topic,
-            )
-            output.send(self, client, ConnAck(ReturnCode.NOT_SUPPORTED))
-            sessions.forget(self, client, now)
-            return None
-        client.will = Will(packet.topic, packet.qos, packet.retain)
-        output.send(self, client, WillMsgReq())
-        return None
-
-    def _will_msg(self, key: Key, packet: WillMsg, now: float) -> None:
-        client = self.by_key.get(key)
-        if client is None or client.state is not State.CONNECTING or client.will is None:
-            return sessions.not_connected(self, key, packet)
-        client.last_rx = now
-        client.will.message = packet.message
-        self._accept(client, now)
-        return None
-
-    def _connect_timer(self, client: SnClient, now: float) -> None:
-        if client.state is State.CONNECTING and self.by_id.get(client.client_id) is client:
-            log.info("client %r: CONNECT not completed in time", client.client_id)
-            sessions.forget(self, client, now)
-
-    # ================================================================== will updates (6.4)
-
-    def _will_topic_upd(self, key: Key, packet: WillTopicUpd, now: float) -> None:
-        client = sessions.connected(self, key, packet, now)
-        if client is None:
-            return
-        if not packet.topic:
-            client.will = None
-            output.send(self, client, WillTopicResp(ReturnCode.ACCEPTED))
-            return
-        rules = self.rules(client)
-        if (
-            topic_name_error(packet.topic)
-            or sys_write_refused(packet.topic, client.client_id)
-            or (rules is not None and not rules.can_write(packet.topic))
-        ):
-            output.send(self, client, WillTopicResp(ReturnCode.NOT_SUPPORTED))
-            return
-        message = client.will.message if client.will is not None else b""
-        client.will = Will(packet.topic, packet.qos, packet.retain)
-        client.will.message = message
-        output.send(self, client, WillTopicResp(ReturnCode.ACCEPTED))
-
-    def _will_msg_upd(self, key: Key, packet: WillMsgUpd, now: float) -> None:
-        client = sessions.connected(self, key, packet, now)
-        if client is None:
-            return
-        if client.will is None:
-            output.send(self, client, WillMsgResp(ReturnCode.NOT_SUPPORTED))
-            return
-        client.will.message = packet.message
-        output.send(self, client, WillMsgResp(ReturnCode.ACCEPTED))
-
     # ================================================================== discovery (6.1)
 
     def _searchgw(self, key: Key, packet: SearchGw, now: float) -> None:
@@ -688,26 +322,14 @@ class Gateway(Context):
         )
 
 
-def _gw(client: SnClient) -> Gateway:
-    ctx = client.ctx
-    assert isinstance(ctx, Gateway)
-    return ctx
-
-
-# Timer callbacks as plain functions: a bound method would be one more object per
-# client and deadline (idle clients are many; each byte counts a thousand times).
-def _connect_deadline(client: SnClient, now: float) -> None:
-    _gw(client)._connect_timer(client, now)
-
-
 Handler = Callable[[Gateway, Key, Packet, float], None]
 
 _HANDLERS: Final[dict[type, Handler]] = {
-    Connect: Gateway._connect,  # type: ignore[dict-item]
-    WillTopic: Gateway._will_topic,  # type: ignore[dict-item]
-    WillMsg: Gateway._will_msg,  # type: ignore[dict-item]
-    WillTopicUpd: Gateway._will_topic_upd,  # type: ignore[dict-item]
-    WillMsgUpd: Gateway._will_msg_upd,  # type: ignore[dict-item]
+    Connect: handle_connect.handle_connect,  # type: ignore[dict-item]
+    WillTopic: handle_connect.handle_willtopic,  # type: ignore[dict-item]
+    WillMsg: handle_connect.handle_willmsg,  # type: ignore[dict-item]
+    WillTopicUpd: handle_connect.handle_willtopicupd,  # type: ignore[dict-item]
+    WillMsgUpd: handle_connect.handle_willmsgupd,  # type: ignore[dict-item]
     SearchGw: Gateway._searchgw,  # type: ignore[dict-item]
     Register: registry.handle_register,  # type: ignore[dict-item]
     RegAck: handle_ack.handle_regack,  # type: ignore[dict-item]
