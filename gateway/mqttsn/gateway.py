@@ -42,11 +42,14 @@ from gateway.mqttsn.codec import (
     TOPIC_ID_TYPE,
     MalformedMessage,
     decode,
+    encode,
     flags_qos,
     peek_publish,
 )
 from gateway.mqttsn.context import Context, SnClient, log
+from gateway.mqttsn.errors import NotConnected, Refused
 from gateway.mqttsn.packets import (
+    ConnAck,
     Connect,
     Disconnect,
     Encapsulated,
@@ -178,7 +181,15 @@ class Gateway(Context):
         if handler is None:
             log.debug("%s: ignoring %s", where(key), type(packet).__name__)
             return
-        handler(self, key, packet, now)
+        try:
+            handler(self, key, packet, now)
+        except NotConnected:
+            # DISCONNECT tells the device to connect (again, e.g. after a restart).
+            self.stats.not_connected += 1
+            log.debug("%s: %s without a connection: DISCONNECT", where(key), type(packet).__name__)
+            output.send_to(self, key, encode(Disconnect()))
+        except Refused as refused:
+            self._refused(key, refused, now)
 
     def malformed(
         self, transport: str, address: Address, reason: str, offset: int, now: float
@@ -195,6 +206,26 @@ class Gateway(Context):
             offset,
             reason,
         )
+
+    def _refused(self, key: Key, refused: Refused, now: float) -> None:
+        """A CONNECT refused (``errors.Refused``): counted, logged at a bounded rate
+        per source, answered CONNACK with its return code; a client whose connection
+        attempt it ends is forgotten."""
+        self.stats.clients_refused += 1
+        self.refusals(
+            now,
+            log_source(key),
+            "%s: refusing CONNECT of %r: %s",
+            where(key),
+            refused.client_id,
+            refused.why,
+        )
+        ending = refused.ending
+        if ending is None:
+            output.send_to(self, key, encode(ConnAck(refused.return_code)))
+            return
+        output.send(self, ending, ConnAck(refused.return_code))
+        sessions.forget(self, ending, now)
 
     def next_deadline(self) -> float | None:
         return self.timers.next_deadline()

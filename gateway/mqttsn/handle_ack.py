@@ -20,8 +20,6 @@ from gateway.mqttsn.state import Key, Step
 
 def handle_regack(ctx: Context, key: Key, packet: RegAck, now: float) -> None:
     client = sessions.connected(ctx, key, packet, now)
-    if client is None:
-        return
     code = packet.return_code
     accepted = code == ReturnCode.ACCEPTED
     _move(ctx, client, packet.msg_id, Ack.REGACK if accepted else Ack.REGACK_REFUSED, code, now)
@@ -29,8 +27,6 @@ def handle_regack(ctx: Context, key: Key, packet: RegAck, now: float) -> None:
 
 def handle_puback(ctx: Context, key: Key, packet: PubAck, now: float) -> None:
     client = sessions.connected(ctx, key, packet, now)
-    if client is None:
-        return
     code = packet.return_code
     entry = client.inflight
     if code == ReturnCode.ACCEPTED:
@@ -48,14 +44,12 @@ def handle_puback(ctx: Context, key: Key, packet: PubAck, now: float) -> None:
 
 def handle_pubrec(ctx: Context, key: Key, packet: PubRec, now: float) -> None:
     client = sessions.connected(ctx, key, packet, now)
-    if client is not None:
-        _move(ctx, client, packet.msg_id, Ack.PUBREC, ReturnCode.ACCEPTED, now)
+    _move(ctx, client, packet.msg_id, Ack.PUBREC, ReturnCode.ACCEPTED, now)
 
 
 def handle_pubcomp(ctx: Context, key: Key, packet: PubComp, now: float) -> None:
     client = sessions.connected(ctx, key, packet, now)
-    if client is not None:
-        _move(ctx, client, packet.msg_id, Ack.PUBCOMP, ReturnCode.ACCEPTED, now)
+    _move(ctx, client, packet.msg_id, Ack.PUBCOMP, ReturnCode.ACCEPTED, now)
 
 
 def _move(

@@ -17,9 +17,9 @@ from gateway.broker.proxy import ProxyClient
 from gateway.broker.publish_policy import sys_write_refused
 from gateway.mqtt.topics import topic_name_error
 from gateway.mqttsn import delivery, keepalive, output, pool, sessions
-from gateway.mqttsn.addresses import log_source, source, where
-from gateway.mqttsn.codec import encode
+from gateway.mqttsn.addresses import source, where
 from gateway.mqttsn.context import Context, SnClient, log
+from gateway.mqttsn.errors import NotConnected, Refused
 from gateway.mqttsn.packets import (
     PROTOCOL_ID,
     ConnAck,
@@ -42,24 +42,16 @@ def handle_connect(ctx: Context, key: Key, packet: Connect, now: float) -> None:
     st = ctx.stats
     too_fast = _rate_exceeded(ctx, key, now)
     if too_fast is not None:
-        st.clients_refused += 1
         st.clients_refused_rate += 1
-        _refuse(ctx, key, cid, ReturnCode.CONGESTION, too_fast, now)
-        return
-    refuse = _refusal(ctx, key, packet)
-    if refuse is not None:
-        st.clients_refused += 1
-        _refuse(ctx, key, cid, refuse[0], refuse[1], now)
-        return
+        raise Refused(ReturnCode.CONGESTION, cid, too_fast)
+    _check(ctx, key, packet)
     if pool.address_full(ctx, key, cid) and not pool.evict_unproven_at(ctx, key, cid, now):
-        st.clients_refused += 1
         st.clients_refused_per_address += 1
         why = (
             f"{ctx.settings.max_clients_per_address} clients from this address already"
             " (mqttsn.max_clients_per_address)"
         )
-        _refuse(ctx, key, cid, ReturnCode.CONGESTION, why, now)
-        return
+        raise Refused(ReturnCode.CONGESTION, cid, why)
     st.connects += 1
     existing = ctx.by_id.get(cid)
     client = ctx.by_key.get(key)
@@ -70,10 +62,8 @@ def handle_connect(ctx: Context, key: Key, packet: Connect, now: float) -> None:
         client = _resume(ctx, existing, key, packet, now)
     else:
         if not pool.make_room(ctx, cid, now):
-            st.clients_refused += 1
             why = f"all {ctx.settings.max_clients} client slots held by established clients"
-            _refuse(ctx, key, cid, ReturnCode.CONGESTION, why, now)
-            return
+            raise Refused(ReturnCode.CONGESTION, cid, why)
         client = SnClient(ctx, key, cid, now)
         ctx.by_id[cid] = client
         ctx.by_key[key] = client
@@ -93,12 +83,6 @@ def handle_connect(ctx: Context, key: Key, packet: Connect, now: float) -> None:
     _accept(ctx, client, now)
 
 
-def _refuse(ctx: Context, key: Key, cid: str, code: int, why: str, now: float) -> None:
-    """CONNACK ``code``; the line about it at a bounded rate per source."""
-    ctx.refusals(now, log_source(key), "%s: refusing CONNECT of %r: %s", where(key), cid, why)
-    output.send_to(ctx, key, encode(ConnAck(code)))
-
-
 def _rate_exceeded(ctx: Context, key: Key, now: float) -> str | None:
     """Why a CONNECT now is over ``max_connect_rate_per_address`` (UDP sources) or
     ``max_connect_rate`` (everyone), or None."""
@@ -115,20 +99,22 @@ def _rate_exceeded(ctx: Context, key: Key, now: float) -> str | None:
     return None
 
 
-def _refusal(ctx: Context, key: Key, packet: Connect) -> tuple[int, str] | None:
+def _check(ctx: Context, key: Key, packet: Connect) -> None:
+    """``Refused`` when the CONNECT itself is not acceptable (before any slot)."""
     cid = packet.client_id
+    unsupported = ReturnCode.NOT_SUPPORTED
     if packet.protocol_id != PROTOCOL_ID:
-        return ReturnCode.NOT_SUPPORTED, f"protocol id 0x{packet.protocol_id:02x} is not 0x01"
+        raise Refused(unsupported, cid, f"protocol id 0x{packet.protocol_id:02x} is not 0x01")
     if not cid or len(cid) > MAX_CLIENT_ID or topic_name_error(cid) or "/" in cid:
-        return ReturnCode.NOT_SUPPORTED, "client id must be 1-64 characters, no '/', '+', '#'"
+        raise Refused(unsupported, cid, "client id must be 1-64 characters, no '/', '+', '#'")
     policy = ctx.transports.get(key[0])
     if policy is not None and policy.allow_client_ids and cid not in policy.allow_client_ids:
-        return ReturnCode.NOT_SUPPORTED, f"client id not in {key[0]}'s allow_client_ids"
+        raise Refused(unsupported, cid, f"client id not in {key[0]}'s allow_client_ids")
     if cid not in ctx.by_id and cid in ctx.broker.sessions:
-        return ReturnCode.NOT_SUPPORTED, "client id in use by an MQTT client"
+        raise Refused(unsupported, cid, "client id in use by an MQTT client")
     if packet.will and ctx.connecting >= ctx.settings.max_connecting:
-        return ReturnCode.CONGESTION, f"{ctx.connecting} clients already connecting"
-    return None
+        why = f"{ctx.connecting} clients already connecting"
+        raise Refused(ReturnCode.CONGESTION, cid, why)
 
 
 def _resume(ctx: Context, client: SnClient, key: Key, packet: Connect, now: float) -> SnClient:
@@ -151,18 +137,8 @@ def _accept(ctx: Context, client: SnClient, now: float) -> None:
     if client.state is State.CONNECTING:
         ctx.connecting -= 1
     if client.will is not None and _will_refused(ctx, client, client.will.topic):
-        ctx.stats.clients_refused += 1
-        ctx.refusals(
-            now,
-            log_source(client.key),
-            "%s: refusing CONNECT of %r: not authorized to publish its will on %r",
-            client.where,
-            client.client_id,
-            client.will.topic,
-        )
-        output.send(ctx, client, ConnAck(ReturnCode.NOT_SUPPORTED))
-        sessions.forget(ctx, client, now)
-        return
+        why = f"not authorized to publish its will on {client.will.topic!r}"
+        raise Refused(ReturnCode.NOT_SUPPORTED, client.client_id, why, ending=client)
     if client.proxy is None:
         client.proxy = ProxyClient(
             ctx.broker, client.client_id, client.receive, acl=ctx.acl, now=now
@@ -195,26 +171,15 @@ def _will_refused(ctx: Context, client: SnClient, topic: str) -> bool:
 def handle_willtopic(ctx: Context, key: Key, packet: WillTopic, now: float) -> None:
     client = ctx.by_key.get(key)
     if client is None or client.state is not State.CONNECTING:
-        sessions.not_connected(ctx, key, packet)
-        return
+        raise NotConnected
     client.last_rx = now
     if not packet.topic:
         client.will = None  # an empty WILLTOPIC: no Will (5.4.7)
         _accept(ctx, client, now)
         return
     if topic_name_error(packet.topic):
-        ctx.stats.clients_refused += 1
-        ctx.refusals(
-            now,
-            log_source(key),
-            "%s: refusing CONNECT of %r: bad will topic %r",
-            where(key),
-            client.client_id,
-            packet.topic,
-        )
-        output.send(ctx, client, ConnAck(ReturnCode.NOT_SUPPORTED))
-        sessions.forget(ctx, client, now)
-        return
+        why = f"bad will topic {packet.topic!r}"
+        raise Refused(ReturnCode.NOT_SUPPORTED, client.client_id, why, ending=client)
     client.will = Will(packet.topic, packet.qos, packet.retain)
     output.send(ctx, client, WillMsgReq())
 
@@ -222,8 +187,7 @@ def handle_willtopic(ctx: Context, key: Key, packet: WillTopic, now: float) -> N
 def handle_willmsg(ctx: Context, key: Key, packet: WillMsg, now: float) -> None:
     client = ctx.by_key.get(key)
     if client is None or client.state is not State.CONNECTING or client.will is None:
-        sessions.not_connected(ctx, key, packet)
-        return
+        raise NotConnected
     client.last_rx = now
     client.will.message = packet.message
     _accept(ctx, client, now)
@@ -242,8 +206,6 @@ def _deadline(client: SnClient, now: float) -> None:
 
 def handle_willtopicupd(ctx: Context, key: Key, packet: WillTopicUpd, now: float) -> None:
     client = sessions.connected(ctx, key, packet, now)
-    if client is None:
-        return
     if not packet.topic:
         client.will = None
         output.send(ctx, client, WillTopicResp(ReturnCode.ACCEPTED))
@@ -259,8 +221,6 @@ def handle_willtopicupd(ctx: Context, key: Key, packet: WillTopicUpd, now: float
 
 def handle_willmsgupd(ctx: Context, key: Key, packet: WillMsgUpd, now: float) -> None:
     client = sessions.connected(ctx, key, packet, now)
-    if client is None:
-        return
     if client.will is None:
         output.send(ctx, client, WillMsgResp(ReturnCode.NOT_SUPPORTED))
         return

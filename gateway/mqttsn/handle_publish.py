@@ -48,8 +48,6 @@ def handle_publish(ctx: Context, key: Key, packet: Publish, now: float) -> None:
         _publish_qos_minus_one(ctx, key, packet, now)
         return
     client = sessions.connected(ctx, key, packet, now)
-    if client is None:
-        return
     publish(
         ctx,
         client,
@@ -117,8 +115,6 @@ def publish(
 def handle_pubrel(ctx: Context, key: Key, packet: PubRel, now: float) -> None:
     """The end of an inbound QoS 2 message: its id is free again; PUBCOMP."""
     client = sessions.connected(ctx, key, packet, now)
-    if client is None:
-        return
     if client.inbound_qos2 is not None:
         client.inbound_qos2.discard(packet.msg_id)
         if not client.inbound_qos2:

@@ -15,6 +15,7 @@ from gateway.mqttsn import delivery, keepalive, output, sessions
 from gateway.mqttsn.addresses import log_source, origin, where
 from gateway.mqttsn.codec import encode
 from gateway.mqttsn.context import Context, log
+from gateway.mqttsn.errors import NotConnected
 from gateway.mqttsn.packets import Disconnect, PingReq, PingResp
 from gateway.mqttsn.state import SLEEPING_STATES, UNCONNECTED_STATES, Key, State
 
@@ -24,12 +25,10 @@ def handle_pingreq(ctx: Context, key: Key, packet: PingReq, now: float) -> None:
     if packet.client_id:
         named = ctx.by_id.get(packet.client_id)
         if named is None or named.state in UNCONNECTED_STATES:
-            sessions.not_connected(ctx, key, packet)
-            return
+            raise NotConnected
         if named.key != key:
             if named.state not in SLEEPING_STATES:
-                sessions.not_connected(ctx, key, packet)
-                return
+                raise NotConnected
             if origin(key) != named.origin:
                 ctx.stats.wakes_refused += 1
                 ctx.refusals(
@@ -40,8 +39,7 @@ def handle_pingreq(ctx: Context, key: Key, packet: PingReq, now: float) -> None:
                     named.client_id,
                     named.where,
                 )
-                sessions.not_connected(ctx, key, packet)
-                return
+                raise NotConnected
             ctx.by_key.pop(named.key, None)
             other = ctx.by_key.get(key)
             if other is not None:
@@ -51,8 +49,7 @@ def handle_pingreq(ctx: Context, key: Key, packet: PingReq, now: float) -> None:
             named.move(key)
         client = named
     if client is None or client.state in UNCONNECTED_STATES:
-        sessions.not_connected(ctx, key, packet)
-        return
+        raise NotConnected
     sessions.heard(ctx, client, now)
     if client.state in SLEEPING_STATES:
         # 6.14: awake; send what was buffered, then PINGRESP, then asleep again.

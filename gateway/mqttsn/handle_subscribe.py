@@ -19,8 +19,6 @@ from gateway.mqttsn.state import RETURN_CODES, Key
 
 def handle_subscribe(ctx: Context, key: Key, packet: Subscribe, now: float) -> None:
     client = sessions.connected(ctx, key, packet, now)
-    if client is None:
-        return
     msg_id = packet.msg_id
     if packet.qos < 0:
         output.send(ctx, client, SubAck(0, msg_id, ReturnCode.NOT_SUPPORTED))
@@ -58,8 +56,6 @@ def handle_subscribe(ctx: Context, key: Key, packet: Subscribe, now: float) -> N
 
 def handle_unsubscribe(ctx: Context, key: Key, packet: Unsubscribe, now: float) -> None:
     client = sessions.connected(ctx, key, packet, now)
-    if client is None:
-        return
     if packet.topic_id_type == TopicIdType.PREDEFINED:
         name = ctx.predefined.get(packet.topic) if isinstance(packet.topic, int) else None
     else:

@@ -28,8 +28,6 @@ from gateway.mqttsn.state import Key, Outbound
 def handle_register(ctx: Context, key: Key, packet: Register, now: float) -> None:
     """REGISTER from a client: the id it is to publish ``topic_name`` with."""
     client = sessions.connected(ctx, key, packet, now)
-    if client is None:
-        return
     name = packet.topic_name
     if topic_name_error(name):
         log.info("client %r: REGISTER of bad topic %r refused", client.client_id, name)

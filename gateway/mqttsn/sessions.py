@@ -11,21 +11,18 @@ from __future__ import annotations
 
 from collections import deque
 
-from gateway.mqttsn import output
-from gateway.mqttsn.addresses import where
-from gateway.mqttsn.codec import encode
 from gateway.mqttsn.context import Context, SnClient, log
-from gateway.mqttsn.packets import Disconnect, Packet
+from gateway.mqttsn.errors import NotConnected
+from gateway.mqttsn.packets import Packet
 from gateway.mqttsn.state import UNCONNECTED_STATES, Key, State
 
 
-def connected(ctx: Context, key: Key, packet: Packet, now: float) -> SnClient | None:
-    """The client at ``key`` if it has a connection (active, awake or asleep);
-    else it is told with DISCONNECT that it has none."""
+def connected(ctx: Context, key: Key, packet: Packet, now: float) -> SnClient:
+    """The client at ``key``, which has a connection (active, awake or asleep) and
+    is heard from now; ``NotConnected`` when there is none (``packet`` needs one)."""
     client = ctx.by_key.get(key)
     if client is None or client.state in UNCONNECTED_STATES:
-        not_connected(ctx, key, packet)
-        return None
+        raise NotConnected
     heard(ctx, client, now)
     return client
 
@@ -37,14 +34,6 @@ def heard(ctx: Context, client: SnClient, now: float) -> None:
         client.proven = True
         if ctx.unproven.get(client.client_id) is client:
             del ctx.unproven[client.client_id]
-
-
-def not_connected(ctx: Context, key: Key, packet: Packet) -> None:
-    """A message that needs a connection from someone without one: DISCONNECT tells
-    the device to connect (again, e.g. after this gateway restarted)."""
-    ctx.stats.not_connected += 1
-    log.debug("%s: %s without a connection: DISCONNECT", where(key), type(packet).__name__)
-    output.send_to(ctx, key, encode(Disconnect()))
 
 
 def lost(ctx: Context, client: SnClient, now: float, reason: str, *, will: bool = True) -> None:
