@@ -71,14 +71,10 @@ from gateway.mqttsn.packets import (
 )
 from gateway.mqttsn.settings import MqttSnSettings
 from gateway.mqttsn.state import (
-    BROADCAST,
     CONNECTED_STATES,
-    MAX_CLIENT_ID,
-    MAX_INBOUND_QOS2,
     Address,
     Datagram,
     Key,
-    State,
     TransportPolicy,
 )
 
@@ -86,19 +82,6 @@ if TYPE_CHECKING:
     from gateway.broker.acl import Acl
     from gateway.broker.core import Broker
     from gateway.broker.message import Message
-
-__all__ = [
-    "BROADCAST",
-    "HANDLERS",
-    "MAX_CLIENT_ID",
-    "MAX_INBOUND_QOS2",
-    "Address",
-    "Datagram",
-    "Gateway",
-    "SnClient",
-    "State",
-    "TransportPolicy",
-]
 
 Handler = Callable[[Context, Key, Any, float], None]
 
