@@ -25,8 +25,9 @@ from gateway.broker.local import LocalClient
 from gateway.broker.settings import BrokerSettings
 from gateway.mqttsn import packets as p
 from gateway.mqttsn.codec import MalformedMessage, decode, encode, read_message
-from gateway.mqttsn.gateway import Gateway, TransportPolicy
+from gateway.mqttsn.gateway import Gateway
 from gateway.mqttsn.settings import MqttSnSettings
+from gateway.mqttsn.state import TransportPolicy
 from gateway.mqttsn.uart import Deframer, FrameError
 
 TOPICS: Final = ("a/b", "a/c", "cmd/x", "tt", "$SYS/x", "a/#", "+/b", "", "a//b")

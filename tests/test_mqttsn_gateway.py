@@ -12,7 +12,6 @@ import pytest
 from gateway.broker.acl import parse_acl_file
 from gateway.mqtt import MQTT_311
 from gateway.mqtt import Publish as MqttPublish
-from gateway.mqttsn.gateway import TransportPolicy
 from gateway.mqttsn.packets import (
     Advertise,
     ConnAck,
@@ -38,6 +37,7 @@ from gateway.mqttsn.packets import (
     WillTopicResp,
     WillTopicUpd,
 )
+from gateway.mqttsn.state import TransportPolicy
 from tests.support.harness import FakeClient
 from tests.support.mqttsn import SnHarness
 
@@ -469,7 +469,7 @@ def test_a_device_answering_congestion_has_that_message_dropped_and_counted() ->
 def test_inbound_qos2_beyond_its_bound_is_refused_congestion() -> None:
     """A device with MAX_INBOUND_QOS2 QoS 2 messages between PUBLISH and PUBREL gets
     PUBACK congestion for the next; once one is released, another is taken."""
-    from gateway.mqttsn.gateway import MAX_INBOUND_QOS2
+    from gateway.mqttsn.state import MAX_INBOUND_QOS2
 
     h = SnHarness()
     w = watcher(h, "q2/#", qos=2)

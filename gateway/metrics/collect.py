@@ -822,7 +822,7 @@ class MqttSnSource:
         self.gateway = gateway
 
     def samples(self) -> Iterator[Sample]:
-        from gateway.mqttsn.gateway import State as SnState
+        from gateway.mqttsn.state import State as SnState
 
         gw, st = self.gateway, self.gateway.stats
         states = {"connected": 0, "asleep": 0, "disconnected": 0}

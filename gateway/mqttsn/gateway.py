@@ -7,58 +7,53 @@ sends them. ``address`` is whatever the transport uses (a UDP ``(host, port)``, 
 serial line's name); a wireless node behind a forwarder is told apart by its node id
 (section 5.5), and every answer to it is encapsulated again.
 
-Each MQTT-SN client becomes a ``ProxyClient`` of the broker: what it publishes is
-routed (ACL, ``$SYS``, store and bridge refusals, counters), what its subscriptions
-match is handed back here and delivered with the MQTT-SN flows: REGISTER before the
-first PUBLISH of a topic, one QoS 1/2 message in flight at a time, resent after
-``retry_interval`` with DUP up to ``max_retries`` times. Sleeping clients (section
-6.14) have their messages kept in their bounded queue and delivered once when they
-wake with PINGREQ, followed by PINGRESP.
-
-Section numbers refer to the MQTT-SN 1.2 specification.
+This module is the dispatcher: ``received`` decodes a datagram and hands the message
+to its handler through ``HANDLERS`` (one module per message family: ``handle_connect``,
+``handle_publish``, ``handle_subscribe``, ``handle_ack``, ``handle_sleep``,
+``registry``, ``discovery``), except a plain PUBLISH from a connected client, whose
+fields the codec peeks straight from the datagram for ``handle_publish.publish`` --
+the same policy the PUBLISH handler runs. Handlers call small modules (``output``,
+``sessions``, ``keepalive``, ``delivery``, ``pool``, ``registry``), never this one.
+See ``gateway/mqttsn/README.md``. Section numbers refer to the MQTT-SN 1.2
+specification.
 """
 
 from __future__ import annotations
 
-import logging
-from collections import deque
-from collections.abc import Callable, Hashable
-from dataclasses import dataclass
-from enum import IntEnum
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
 
-from gateway.broker.buckets import SourceBuckets, TokenBucket
-from gateway.broker.logins import address_key
-from gateway.broker.proxy import INVALID, NO_ROOM, NOT_AUTHORIZED, ProxyClient
-from gateway.broker.publish_policy import sys_write_refused
-from gateway.broker.ratelog import RateLimitedLog
-from gateway.broker.timers import Handle, Timers
-from gateway.mqtt.topics import has_wildcard, topic_name_error
+from gateway.mqttsn import (
+    delivery,
+    discovery,
+    handle_ack,
+    handle_connect,
+    handle_publish,
+    handle_sleep,
+    handle_subscribe,
+    output,
+    registry,
+    sessions,
+    systopics,
+)
+from gateway.mqttsn.addresses import address_text, log_source, where
 from gateway.mqttsn.codec import (
     RETAIN,
     TOPIC_ID_TYPE,
     MalformedMessage,
     decode,
-    encapsulate,
     encode,
-    encode_ack,
-    encode_publish,
     flags_qos,
     peek_publish,
 )
+from gateway.mqttsn.context import Context, SnClient, log
+from gateway.mqttsn.errors import NotConnected, Refused
 from gateway.mqttsn.packets import (
-    PROTOCOL_ID,
-    RESERVED_TOPIC_IDS,
-    Advertise,
     ConnAck,
     Connect,
     Disconnect,
     Encapsulated,
-    GwInfo,
-    MsgType,
-    Packet,
     PingReq,
-    PingResp,
     PubAck,
     PubComp,
     Publish,
@@ -66,236 +61,55 @@ from gateway.mqttsn.packets import (
     PubRel,
     RegAck,
     Register,
-    ReturnCode,
     SearchGw,
-    SubAck,
     Subscribe,
-    TopicIdType,
-    UnsubAck,
     Unsubscribe,
     WillMsg,
-    WillMsgReq,
-    WillMsgResp,
     WillMsgUpd,
     WillTopic,
-    WillTopicReq,
-    WillTopicResp,
     WillTopicUpd,
-    short_topic,
 )
 from gateway.mqttsn.settings import MqttSnSettings
+from gateway.mqttsn.state import (
+    CONNECTED_STATES,
+    Address,
+    Datagram,
+    Key,
+    TransportPolicy,
+)
 
 if TYPE_CHECKING:
-    from gateway.broker.acl import Acl, Rules
+    from gateway.broker.acl import Acl
     from gateway.broker.core import Broker
     from gateway.broker.message import Message
 
-log = logging.getLogger("ledge.mqttsn")
+Handler = Callable[[Context, Key, Any, float], None]
 
-Address = Hashable
-#: One datagram or frame to send: transport label, address, bytes.
-Datagram = tuple[str, Address, bytes]
-
-#: The address of "everyone on this transport" (ADVERTISE).
-BROADCAST: Final = "<broadcast>"
-
-#: Inbound QoS 2 messages one client may have between PUBLISH and PUBREL; beyond that
-#: its QoS 2 PUBLISH gets PUBACK "rejected: congestion".
-MAX_INBOUND_QOS2: Final = 16
-
-#: Longest client id accepted (the specification says 1-23 characters; like MQTT
-#: 3.1.1 servers we accept longer ones).
-MAX_CLIENT_ID: Final = 64
-
-
-#: The return code (section 5.3.10) for each kind of broker refusal: MQTT-SN has no
-#: "not authorized", so what the ACL forbids is "not supported".
-_RETURN_CODES: Final = {
-    NOT_AUTHORIZED: ReturnCode.NOT_SUPPORTED,
-    NO_ROOM: ReturnCode.CONGESTION,
-    INVALID: ReturnCode.INVALID_TOPIC_ID,
+#: The handler of each message a client sends. ADVERTISE, GWINFO and the messages
+#: only a gateway sends have none: they are ignored.
+HANDLERS: Final[dict[type, Handler]] = {
+    Connect: handle_connect.handle_connect,
+    WillTopic: handle_connect.handle_willtopic,
+    WillMsg: handle_connect.handle_willmsg,
+    WillTopicUpd: handle_connect.handle_willtopicupd,
+    WillMsgUpd: handle_connect.handle_willmsgupd,
+    SearchGw: discovery.handle_searchgw,
+    Register: registry.handle_register,
+    RegAck: handle_ack.handle_regack,
+    Publish: handle_publish.handle_publish,
+    PubAck: handle_ack.handle_puback,
+    PubRec: handle_ack.handle_pubrec,
+    PubRel: handle_publish.handle_pubrel,
+    PubComp: handle_ack.handle_pubcomp,
+    Subscribe: handle_subscribe.handle_subscribe,
+    Unsubscribe: handle_subscribe.handle_unsubscribe,
+    PingReq: handle_sleep.handle_pingreq,
+    Disconnect: handle_sleep.handle_disconnect,
 }
 
 
-class State(IntEnum):
-    """Client states, section 6.14 Figure 4 (``CONNECTING``: in the Will prompts)."""
-
-    CONNECTING = 0
-    ACTIVE = 1
-    ASLEEP = 2
-    AWAKE = 3
-    DISCONNECTED = 4  # clean session 0: subscriptions and registrations remembered
-
-
-#: States in which a client has a connection (PUBLISH, SUBSCRIBE... are taken).
-_CONNECTED_STATES: Final = frozenset({State.ACTIVE, State.ASLEEP, State.AWAKE})
-
-
-# Outbound steps waiting for the client (section 6.13 retransmission applies to each).
-_REGISTERING: Final = 1
-_AWAIT_PUBACK: Final = 2
-_AWAIT_PUBREC: Final = 3
-_AWAIT_PUBCOMP: Final = 4
-
-
-@dataclass(frozen=True, slots=True)
-class TransportPolicy:
-    """What a transport lets in."""
-
-    label: str
-    allow_client_ids: frozenset[str] = frozenset()
-    #: ADVERTISE can be sent (broadcast addresses, or a serial line).
-    can_broadcast: bool = False
-
-
-class Outbound:
-    """One message on its way to one client."""
-
-    __slots__ = ("id_type", "message", "msg_id", "qos", "retain", "step", "topic_id")
-
-    def __init__(self, message: Message, qos: int, retain: bool) -> None:
-        self.message = message
-        self.qos = qos
-        self.retain = retain
-        self.msg_id = 0
-        self.topic_id = 0
-        self.id_type: int = TopicIdType.NORMAL
-        self.step = 0
-
-
-class Will:
-    __slots__ = ("message", "qos", "retain", "topic")
-
-    def __init__(self, topic: str, qos: int, retain: bool) -> None:
-        self.topic = topic
-        self.qos = qos
-        self.retain = retain
-        self.message = b""
-
-
-class SnClient:
-    """One MQTT-SN client. Collections are made on first use: an idle client is small."""
-
-    __slots__ = (
-        "address",
-        "clean",
-        "client_id",
-        "duration",
-        "gateway",
-        "held_batch",
-        "holding",
-        "inbound_qos2",
-        "inflight",
-        "key",
-        "last_rx",
-        "next_msg_id",
-        "next_topic_id",
-        "node_id",
-        "origin",
-        "proven",
-        "proxy",
-        "queue",
-        "retries",
-        "retry_timer",
-        "sleep_duration",
-        "source",
-        "state",
-        "timer",
-        "topic_ids",
-        "transport",
-        "will",
-    )
-
-    def __init__(
-        self, gateway: Gateway, key: tuple[str, Address, bytes], client_id: str, now: float
-    ) -> None:
-        self.gateway = gateway
-        self.move(key)
-        self.client_id = client_id
-        self.state = State.DISCONNECTED
-        self.clean = True
-        self.duration = 0
-        self.sleep_duration = 0
-        self.last_rx = now
-        #: Heard from since its CONNACK (see ``MqttSnSettings.unproven_share``).
-        self.proven = False
-        self.timer: Handle | None = None
-        self.retry_timer: Handle | None = None
-        self.retries = 0
-        self.proxy: ProxyClient | None = None
-        self.will: Will | None = None
-        #: Topic name -> id, for ids this gateway assigned (section 6.5). Looked up
-        #: backwards by a scan: the table is small (``max_topics_per_client``) and one
-        #: dict per client instead of two saves memory on idle clients.
-        self.topic_ids: dict[str, int] | None = None
-        self.next_topic_id = 1
-        self.next_msg_id = 1
-        self.queue: deque[Outbound] | None = None
-        self.inflight: Outbound | None = None
-        self.inbound_qos2: set[int] | None = None
-        #: Deliveries wait while a SUBACK is being written (retained messages follow it).
-        self.holding = False
-        #: Output to this client waits for this store batch (acknowledged means durable).
-        self.held_batch = 0
-
-    def move(self, key: tuple[str, Address, bytes]) -> None:
-        """The client is at ``key`` now (a new source port, a new forwarder)."""
-        self.key = key
-        self.transport, self.address, self.node_id = key
-        self.source = _source(self.address)
-        self.origin = _origin(key)
-
-    def __repr__(self) -> str:
-        return f"SnClient({self.client_id!r}, {self.state.name}, {self.where})"
-
-    @property
-    def where(self) -> str:
-        node = f" node {self.node_id.hex()}" if self.node_id else ""
-        return f"{_address_text(self.address)}{node} ({self.transport})"
-
-    def receive(self, msg: Message, qos: int, retain: bool, _sub_ids: tuple[int, ...]) -> None:
-        """The broker's sink: a message for this client's subscriptions."""
-        self.gateway.deliver(self, msg, qos, retain)
-
-    def allocate_msg_id(self) -> int:
-        msg_id = self.next_msg_id
-        self.next_msg_id = msg_id + 1 if msg_id < 0xFFFF else 1
-        return msg_id
-
-
-@dataclass(slots=True)
-class SnStats:
-    """The firmware bridge's counters (``$SYS/broker/mqttsn/...``)."""
-
-    messages_received: int = 0
-    messages_sent: int = 0
-    malformed: int = 0
-    connects: int = 0
-    clients_refused: int = 0
-    clients_lost: int = 0
-    clients_evicted: int = 0
-    #: Connected clients without a keep-alive evicted for a newcomer (table full).
-    clients_evicted_silent: int = 0
-    #: CONNECTs refused because their source IP has ``max_clients_per_address``.
-    clients_refused_per_address: int = 0
-    #: CONNECTs refused for ``max_connect_rate`` or ``max_connect_rate_per_address``.
-    clients_refused_rate: int = 0
-    #: Unproven clients (silent since their CONNACK) evicted for a newcomer.
-    clients_evicted_unproven: int = 0
-    #: PINGREQs naming a sleeping client, sent from elsewhere than it connected from.
-    wakes_refused: int = 0
-    dropped_queue_full: int = 0
-    dropped_topic_table: int = 0
-    dropped_offline_qos0: int = 0
-    dropped_too_large: int = 0
-    publish_refused: int = 0
-    qos_minus_one: int = 0
-    retransmissions: int = 0
-    not_connected: int = 0
-
-
-class Gateway:
-    """All MQTT-SN client state; driven by the shell with time as an argument."""
+class Gateway(Context):
+    """The dispatcher and the shell's API over the shared state (``Context``)."""
 
     def __init__(
         self,
@@ -307,34 +121,8 @@ class Gateway:
         now: float = 0.0,
         kick: Callable[[], None] | None = None,
     ) -> None:
-        self.broker = broker
-        self.settings = settings
-        self.transports = {t.label: t for t in transports}
-        self.acl = acl
-        self.kick = kick or _nothing
-        self.timers = Timers()
-        self.out: list[Datagram] = []
-        #: Output waiting for a store batch: (batch, client, datagram), in order.
-        self.held: deque[tuple[int, SnClient, Datagram]] = deque()
-        self.by_key: dict[tuple[str, Address, bytes], SnClient] = {}
-        self.by_id: dict[str, SnClient] = {}
-        #: Clients not heard from since their CONNACK, oldest first.
-        self.unproven: dict[str, SnClient] = {}
-        self.connecting = 0
-        self.connect_rate = TokenBucket(settings.max_connect_rate, now)
-        self.connect_rate_by_source = SourceBuckets(settings.max_connect_rate_per_address)
-        #: Refusals and unreadable input: one line per source a minute.
-        self.refusals = RateLimitedLog(log)
-        self.stats = SnStats()
-        self.predefined = dict(settings.predefined_topics)
-        self.predefined_ids = {name: tid for tid, name in self.predefined.items()}
-        self._anonymous: ProxyClient | None = None
-        #: The time of the event being handled.
-        self.now = now
-        if settings.advertise_interval > 0 and any(t.can_broadcast for t in transports):
-            self.timers.at(now, self._advertise_timer, None)
-
-    # ================================================================== shell API
+        super().__init__(broker, settings, transports, acl=acl, now=now, kick=kick)
+        discovery.start(self, now)
 
     def received(self, transport: str, address: Address, data: bytes, now: float) -> None:
         """One datagram (UDP) or frame (serial) from ``address`` on ``transport``."""
@@ -346,10 +134,11 @@ class Gateway:
             flags, topic_id, msg_id, payload = peeked
             client = self.by_key.get((transport, address, b""))
             qos = flags_qos(flags)
-            if client is not None and qos >= 0 and client.state in _CONNECTED_STATES:
+            if client is not None and qos >= 0 and client.state in CONNECTED_STATES:
                 self.stats.messages_received += 1
-                self._heard(client, now)
-                self._publish_fields(
+                sessions.heard(self, client, now)
+                handle_publish.publish(
+                    self,
                     client,
                     qos,
                     bool(flags & RETAIN),
@@ -363,7 +152,7 @@ class Gateway:
         try:
             packet = decode(data, self.settings.max_message_size)
         except MalformedMessage as exc:
-            self._malformed(transport, address, exc.reason, exc.offset, now)
+            self.malformed(transport, address, exc.reason, exc.offset, now)
             return
         node_id = b""
         if isinstance(packet, Encapsulated):
@@ -371,18 +160,55 @@ class Gateway:
             packet = packet.packet
         self.stats.messages_received += 1
         key = (transport, address, node_id)
-        handler = _HANDLERS.get(type(packet))
+        handler = HANDLERS.get(type(packet))
         if handler is None:
-            # ADVERTISE, GWINFO and the messages only a gateway sends: ignored.
-            log.debug("%s: ignoring %s", _where(key), type(packet).__name__)
+            log.debug("%s: ignoring %s", where(key), type(packet).__name__)
             return
-        handler(self, key, packet, now)
+        try:
+            handler(self, key, packet, now)
+        except NotConnected:
+            # DISCONNECT tells the device to connect (again, e.g. after a restart).
+            self.stats.not_connected += 1
+            log.debug("%s: %s without a connection: DISCONNECT", where(key), type(packet).__name__)
+            output.send_to(self, key, encode(Disconnect()))
+        except Refused as refused:
+            self._refused(key, refused, now)
 
     def malformed(
         self, transport: str, address: Address, reason: str, offset: int, now: float
     ) -> None:
-        """A frame the transport could not read (bad COBS, CRC): counted and logged."""
-        self._malformed(transport, address, reason, offset, now)
+        """A message or frame that could not be read (bad COBS, CRC, a bad length):
+        counted and logged, at most a line per source a minute."""
+        self.stats.malformed += 1
+        self.refusals(
+            now,
+            log_source((transport, address, b"")),
+            "%s: unreadable message from %s at byte %d: %s",
+            transport,
+            address_text(address),
+            offset,
+            reason,
+        )
+
+    def _refused(self, key: Key, refused: Refused, now: float) -> None:
+        """A CONNECT refused (``errors.Refused``): counted, logged at a bounded rate
+        per source, answered CONNACK with its return code; a client whose connection
+        attempt it ends is forgotten."""
+        self.stats.clients_refused += 1
+        self.refusals(
+            now,
+            log_source(key),
+            "%s: refusing CONNECT of %r: %s",
+            where(key),
+            refused.client_id,
+            refused.why,
+        )
+        ending = refused.ending
+        if ending is None:
+            output.send_to(self, key, encode(ConnAck(refused.return_code)))
+            return
+        output.send(self, ending, ConnAck(refused.return_code))
+        sessions.forget(self, ending, now)
 
     def next_deadline(self) -> float | None:
         return self.timers.next_deadline()
@@ -398,1246 +224,22 @@ class Gateway:
 
     def committed(self, upto: int) -> None:
         """The store committed every batch up to ``upto``: send what waited for them."""
-        held = self.held
-        released = False
-        while held and held[0][0] <= upto:
-            _batch, client, datagram = held.popleft()
-            self.out.append(datagram)
-            released = True
-            if client.held_batch <= upto:
-                client.held_batch = 0
-        if released:
-            self.kick()
+        output.release(self, upto)
 
     def shutdown(self, now: float) -> None:
         """The gateway stops: every session ends, no will is published (the clients did
         nothing wrong)."""
         for client in list(self.by_id.values()):
             client.will = None
-            self._forget(client, now)
-        if self._anonymous is not None:
-            self._anonymous.close(now)
-            self._anonymous = None
+            sessions.forget(self, client, now)
+        if self.anonymous is not None:
+            self.anonymous.close(now)
+            self.anonymous = None
 
     def sys_values(self) -> dict[str, str]:
         """Values under ``$SYS/broker/`` (added to the broker's ``sys_sources``)."""
-        st = self.stats
-        states = [c.state for c in self.by_id.values()]
-        base = "mqttsn/"
-        return {
-            base + "clients/connected": str(sum(s in (State.ACTIVE, State.AWAKE) for s in states)),
-            base + "clients/asleep": str(states.count(State.ASLEEP)),
-            base + "clients/disconnected": str(states.count(State.DISCONNECTED)),
-            base + "clients/refused": str(st.clients_refused),
-            base + "clients/lost": str(st.clients_lost),
-            base + "clients/evicted": str(st.clients_evicted),
-            base + "clients/evicted silent": str(st.clients_evicted_silent),
-            base + "clients/refused per address": str(st.clients_refused_per_address),
-            base + "clients/refused rate": str(st.clients_refused_rate),
-            base + "clients/evicted unproven": str(st.clients_evicted_unproven),
-            base + "clients/unproven": str(len(self.unproven)),
-            base + "clients/wake refused": str(st.wakes_refused),
-            base + "messages/received": str(st.messages_received),
-            base + "messages/sent": str(st.messages_sent),
-            base + "messages/malformed": str(st.malformed),
-            base + "messages/retransmitted": str(st.retransmissions),
-            base + "publish/qos -1": str(st.qos_minus_one),
-            base + "publish/refused": str(st.publish_refused),
-            base + "publish/dropped/queue full": str(st.dropped_queue_full),
-            base + "publish/dropped/topic table full": str(st.dropped_topic_table),
-            base + "publish/dropped/offline qos 0": str(st.dropped_offline_qos0),
-            base + "publish/dropped/too large": str(st.dropped_too_large),
-        }
-
-    # ================================================================== output
-
-    def _send_to(self, key: tuple[str, Address, bytes], data: bytes) -> None:
-        transport, address, node_id = key
-        if node_id:
-            data = encapsulate(node_id, data)
-        self.stats.messages_sent += 1
-        self.out.append((transport, address, data))
-        self.kick()
-
-    def _send(self, client: SnClient, packet: Packet) -> None:
-        self._emit(client, encode(packet))
-
-    def _emit(self, client: SnClient, data: bytes, batch: int = 0) -> None:
-        """Send to ``client``; with ``batch``, only once that store batch is committed
-        (and everything after it to the same client waits too, keeping the order)."""
-        if batch or client.held_batch:
-            client.held_batch = max(client.held_batch, batch)
-            if client.node_id:
-                data = encapsulate(client.node_id, data)
-            self.stats.messages_sent += 1
-            self.held.append((client.held_batch, client, (client.transport, client.address, data)))
-            return
-        self._send_to(client.key, data)
-
-    # ================================================================== connect (6.2)
-
-    def _connect(self, key: tuple[str, Address, bytes], packet: Connect, now: float) -> None:
-        cid = packet.client_id
-        st = self.stats
-        too_fast = self._connect_rate_exceeded(key, now)
-        if too_fast is not None:
-            st.clients_refused += 1
-            st.clients_refused_rate += 1
-            self._refuse_connect(key, cid, ReturnCode.CONGESTION, too_fast, now)
-            return
-        refuse = self._connect_refusal(key, packet)
-        if refuse is not None:
-            st.clients_refused += 1
-            self._refuse_connect(key, cid, refuse[0], refuse[1], now)
-            return
-        if self._address_full(key, cid) and not self._evict_unproven_at(key, cid, now):
-            st.clients_refused += 1
-            st.clients_refused_per_address += 1
-            why = (
-                f"{self.settings.max_clients_per_address} clients from this address already"
-                " (mqttsn.max_clients_per_address)"
-            )
-            self._refuse_connect(key, cid, ReturnCode.CONGESTION, why, now)
-            return
-        self.stats.connects += 1
-        existing = self.by_id.get(cid)
-        client = self.by_key.get(key)
-        if client is not None and client is not existing:
-            # Another client id at this address: the device restarted under a new id.
-            self._lost(client, now, f"address taken over by client {cid!r}", will=False)
-        if existing is not None:
-            client = self._resume(existing, key, packet, now)
-        else:
-            if not self._make_room(cid, now):
-                st.clients_refused += 1
-                why = f"all {self.settings.max_clients} client slots held by established clients"
-                self._refuse_connect(key, cid, ReturnCode.CONGESTION, why, now)
-                return
-            client = SnClient(self, key, cid, now)
-            self.by_id[cid] = client
-            self.by_key[key] = client
-        client.clean = packet.clean_session
-        client.duration = packet.duration
-        client.last_rx = now
-        if packet.will:
-            if client.state is not State.CONNECTING:
-                client.state = State.CONNECTING
-                self.connecting += 1
-            self._cancel_timers(client)
-            client.timer = self.timers.at(
-                now + self.settings.connect_timeout, _connect_deadline, client
-            )
-            self._send(client, WillTopicReq())
-            return
-        if client.clean or client.state is State.CONNECTING:
-            client.will = None  # 6.3: CleanSession=true, Will=false deletes the Will
-        self._accept(client, now)
-
-    def _refuse_connect(
-        self, key: tuple[str, Address, bytes], cid: str, code: int, why: str, now: float
-    ) -> None:
-        """CONNACK ``code``; the line about it at a bounded rate per source."""
-        self.refusals(
-            now, _log_source(key), "%s: refusing CONNECT of %r: %s", _where(key), cid, why
-        )
-        self._send_to(key, encode(ConnAck(code)))
-
-    def _connect_rate_exceeded(self, key: tuple[str, Address, bytes], now: float) -> str | None:
-        """Why a CONNECT now is over ``max_connect_rate_per_address`` (UDP sources) or
-        ``max_connect_rate`` (everyone), or None."""
-        settings = self.settings
-        source = _source(key[1])
-        if source is not None and not self.connect_rate_by_source.take(source, now):
-            rate = settings.max_connect_rate_per_address
-            return (
-                f"more than {rate:g} CONNECTs a second from {source}"
-                " (mqttsn.max_connect_rate_per_address)"
-            )
-        if not self.connect_rate.take(now):
-            rate = settings.max_connect_rate
-            return f"more than {rate:g} CONNECTs a second in all (mqttsn.max_connect_rate)"
-        return None
-
-    def _connect_refusal(
-        self, key: tuple[str, Address, bytes], packet: Connect
-    ) -> tuple[int, str] | None:
-        cid = packet.client_id
-        if packet.protocol_id != PROTOCOL_ID:
-            return ReturnCode.NOT_SUPPORTED, f"protocol id 0x{packet.protocol_id:02x} is not 0x01"
-        if not cid or len(cid) > MAX_CLIENT_ID or topic_name_error(cid) or "/" in cid:
-            return ReturnCode.NOT_SUPPORTED, "client id must be 1-64 characters, no '/', '+', '#'"
-        policy = self.transports.get(key[0])
-        if policy is not None and policy.allow_client_ids and cid not in policy.allow_client_ids:
-            return ReturnCode.NOT_SUPPORTED, f"client id not in {key[0]}'s allow_client_ids"
-        if cid not in self.by_id and cid in self.broker.sessions:
-            return ReturnCode.NOT_SUPPORTED, "client id in use by an MQTT client"
-        if packet.will and self.connecting >= self.settings.max_connecting:
-            return ReturnCode.CONGESTION, f"{self.connecting} clients already connecting"
-        return None
-
-    def _resume(
-        self, client: SnClient, key: tuple[str, Address, bytes], packet: Connect, now: float
-    ) -> SnClient:
-        """A client id we know connects again (maybe from a new address)."""
-        if client.key != key:
-            if self.by_key.get(client.key) is client:
-                log.info(
-                    "client %r moves from %s to %s", client.client_id, client.where, _where(key)
-                )
-                del self.by_key[client.key]
-            client.move(key)
-        self.by_key[key] = client
-        sleeping = client.state in (State.ASLEEP, State.AWAKE)
-        if packet.clean_session and not sleeping:
-            # 6.3: a clean session forgets subscriptions, registrations and the Will.
-            self._clear_session(client, now)
-        return client
-
-    def _clear_session(self, client: SnClient, now: float) -> None:
-        if client.proxy is not None:
-            client.proxy.close(now)
-            client.proxy = None
-        client.topic_ids = None
-        client.next_topic_id = 1
-        client.inbound_qos2 = None
-        self._drop_queue(client)
-        client.will = None
-
-    def _address_full(self, key: tuple[str, Address, bytes], cid: str) -> bool:
-        """``max_clients_per_address`` clients already hold a connection from the source
-        of ``key`` (its IPv4 address or IPv6 /64, any port, any node behind a forwarder
-        there), not counting the client ``cid`` itself or the one at ``key`` (this
-        CONNECT replaces both). A serial line is one wired coordinator: not limited."""
-        source = _source(key[1])
-        if source is None:
-            return False
-        limit = self.settings.max_clients_per_address
-        count = 0
-        for other_key, client in self.by_key.items():
-            if client.source == source and other_key != key and client.client_id != cid:
-                count += 1
-                if count >= limit:
-                    return True
-        return False
-
-    def _evict_unproven_at(self, key: tuple[str, Address, bytes], cid: str, now: float) -> bool:
-        """The source of ``key`` is at ``max_clients_per_address``: the oldest unproven
-        client from there (not ``cid`` itself) makes room, whatever its age (a source's
-        own clients are all it can push out). False when there is none."""
-        source = _source(key[1])
-        for client in self.unproven.values():
-            if client.source == source and client.client_id != cid:
-                why = f"{self.settings.max_clients_per_address} clients from {source}"
-                self._evict_unproven(client, cid, why, now)
-                return True
-        return False
-
-    def _evict_unproven(self, client: SnClient, cid: str, why: str, now: float) -> None:
-        """End ``client``, silent since its CONNACK, to admit ``cid``. DISCONNECT tells a
-        real device to connect again; no will is published (a spoofed CONNECT must not
-        publish one); a persistent session is kept, disconnected."""
-        st = self.stats
-        st.clients_evicted_unproven += 1
-        if _sparse(st.clients_evicted_unproven):
-            log.warning(
-                "client %r at %s, silent for %.1f s since its CONNACK, evicted to admit %r:"
-                " %s (%d evicted so far)",
-                client.client_id,
-                client.where,
-                now - client.last_rx,
-                cid,
-                why,
-                st.clients_evicted_unproven,
-            )
-        self._send(client, Disconnect())
-        client.will = None
-        self._end(client, now)
-
-    def _make_room(self, cid: str, now: float) -> bool:
-        """A slot for the new client ``cid``. Unproven clients beyond
-        ``unproven_share`` and past ``unproven_grace`` go first, oldest first; then, if
-        every slot is taken (policy "evict unproven, then longest silent"), the oldest
-        unproven client whatever its age, else the longest-disconnected remembered
-        session, else the connected client without a keep-alive (Duration 0) silent
-        the longest. Never a proven client with a keep-alive or asleep: while it keeps
-        to its Duration it is established (6.11, 6.14) and its own timer ends it when
-        it stops; nor one in the middle of its CONNECT (``max_connecting``,
-        ``connect_timeout``)."""
-        settings = self.settings
-        unproven = self.unproven
-        share = settings.max_unproven
-        judged = now - settings.unproven_grace
-        while len(unproven) - (cid in unproven) >= share:
-            oldest = next(c for c in unproven.values() if c.client_id != cid)
-            if oldest.last_rx > judged:
-                break
-            why = f"{len(unproven)} unproven clients (mqttsn.unproven_share of {share})"
-            self._evict_unproven(oldest, cid, why, now)
-        if len(self.by_id) < settings.max_clients:
-            return True
-        victim = next((c for c in unproven.values() if c.client_id != cid), None)
-        if victim is not None:
-            self._evict_unproven(victim, cid, f"all {settings.max_clients} slots in use", now)
-            if len(self.by_id) < settings.max_clients:
-                return True
-        gone: SnClient | None = None
-        idle: SnClient | None = None
-        for client in self.by_id.values():
-            if client.state is State.DISCONNECTED:
-                if gone is None or client.last_rx < gone.last_rx:
-                    gone = client
-            elif (
-                client.state is State.ACTIVE
-                and not client.duration
-                and (idle is None or client.last_rx < idle.last_rx)
-            ):
-                idle = client
-        if gone is not None:
-            self.stats.clients_evicted += 1
-            if _sparse(self.stats.clients_evicted):
-                log.info(
-                    "forgetting the disconnected session of %r to make room (%d forgotten so far)",
-                    gone.client_id,
-                    self.stats.clients_evicted,
-                )
-            self._forget(gone, gone.last_rx)
-            return True
-        if idle is None:
-            return False
-        st = self.stats
-        st.clients_evicted_silent += 1
-        if _sparse(st.clients_evicted_silent):
-            log.warning(
-                "client %r at %s evicted for %r: all %d client slots in use and it has no"
-                " keep alive and was silent for %.0f s (%d evicted so far)",
-                idle.client_id,
-                idle.where,
-                cid,
-                self.settings.max_clients,
-                now - idle.last_rx,
-                st.clients_evicted_silent,
-            )
-        # The gateway ends the connection: DISCONNECT tells the device (5.4.21), and
-        # its Will is published as for any connection ended without its DISCONNECT.
-        self._send(idle, Disconnect())
-        self._publish_will(idle, now)
-        self._forget(idle, now)
-        return True
-
-    def _accept(self, client: SnClient, now: float) -> None:
-        """The CONNECT is complete: the client is active (CONNACK accepted), unproven
-        until it is heard from again."""
-        if client.state is State.CONNECTING:
-            self.connecting -= 1
-        if client.will is not None:
-            rules = self._rules(client)
-            if sys_write_refused(client.will.topic, client.client_id) or (
-                rules is not None and not rules.can_write(client.will.topic)
-            ):
-                self.stats.clients_refused += 1
-                self.refusals(
-                    now,
-                    _log_source(client.key),
-                    "%s: refusing CONNECT of %r: not authorized to publish its will on %r",
-                    client.where,
-                    client.client_id,
-                    client.will.topic,
-                )
-                self._send(client, ConnAck(ReturnCode.NOT_SUPPORTED))
-                self._forget(client, now)
-                return
-        if client.proxy is None:
-            client.proxy = ProxyClient(
-                self.broker, client.client_id, client.receive, acl=self.acl, now=now
-            )
-        client.state = State.ACTIVE
-        client.proven = False
-        self.unproven.pop(client.client_id, None)
-        self.unproven[client.client_id] = client
-        self._cancel_timers(client)
-        self._keepalive(client, now)
-        log.info(
-            "client %r connected from %s (keep alive %d s, clean session %s)",
-            client.client_id,
-            client.where,
-            client.duration,
-            client.clean,
-        )
-        self._send(client, ConnAck(ReturnCode.ACCEPTED))
-        if client.inflight is not None:
-            self._resend(client, now)
-        self._pump(client, now)
-
-    def _will_topic(self, key: tuple[str, Address, bytes], packet: WillTopic, now: float) -> None:
-        client = self.by_key.get(key)
-        if client is None or client.state is not State.CONNECTING:
-            return self._not_connected(key, packet)
-        client.last_rx = now
-        if not packet.topic:
-            client.will = None  # an empty WILLTOPIC: no Will (5.4.7)
-            return self._accept(client, now)
-        if topic_name_error(packet.topic):
-            self.stats.clients_refused += 1
-            self.refusals(
-                now,
-                _log_source(key),
-                "%s: refusing CONNECT of %r: bad will topic %r",
-                _where(key),
-                client.client_id,
-                packet.topic,
-            )
-            self._send(client, ConnAck(ReturnCode.NOT_SUPPORTED))
-            self._forget(client, now)
-            return None
-        client.will = Will(packet.topic, packet.qos, packet.retain)
-        self._send(client, WillMsgReq())
-        return None
-
-    def _will_msg(self, key: tuple[str, Address, bytes], packet: WillMsg, now: float) -> None:
-        client = self.by_key.get(key)
-        if client is None or client.state is not State.CONNECTING or client.will is None:
-            return self._not_connected(key, packet)
-        client.last_rx = now
-        client.will.message = packet.message
-        self._accept(client, now)
-        return None
-
-    def _connect_timer(self, client: SnClient, now: float) -> None:
-        if client.state is State.CONNECTING and self.by_id.get(client.client_id) is client:
-            log.info("client %r: CONNECT not completed in time", client.client_id)
-            self._forget(client, now)
-
-    # ================================================================== will updates (6.4)
-
-    def _will_topic_upd(
-        self, key: tuple[str, Address, bytes], packet: WillTopicUpd, now: float
-    ) -> None:
-        client = self._connected(key, packet, now)
-        if client is None:
-            return
-        if not packet.topic:
-            client.will = None
-            self._send(client, WillTopicResp(ReturnCode.ACCEPTED))
-            return
-        rules = self._rules(client)
-        if (
-            topic_name_error(packet.topic)
-            or sys_write_refused(packet.topic, client.client_id)
-            or (rules is not None and not rules.can_write(packet.topic))
-        ):
-            self._send(client, WillTopicResp(ReturnCode.NOT_SUPPORTED))
-            return
-        message = client.will.message if client.will is not None else b""
-        client.will = Will(packet.topic, packet.qos, packet.retain)
-        client.will.message = message
-        self._send(client, WillTopicResp(ReturnCode.ACCEPTED))
-
-    def _will_msg_upd(
-        self, key: tuple[str, Address, bytes], packet: WillMsgUpd, now: float
-    ) -> None:
-        client = self._connected(key, packet, now)
-        if client is None:
-            return
-        if client.will is None:
-            self._send(client, WillMsgResp(ReturnCode.NOT_SUPPORTED))
-            return
-        client.will.message = packet.message
-        self._send(client, WillMsgResp(ReturnCode.ACCEPTED))
-
-    # ================================================================== discovery (6.1)
-
-    def _searchgw(self, key: tuple[str, Address, bytes], packet: SearchGw, now: float) -> None:
-        self._send_to(key, encode(GwInfo(self.settings.gateway_id)))
-
-    def _advertise_timer(self, _arg: object, now: float) -> None:
-        interval = self.settings.advertise_interval
-        data = encode(Advertise(self.settings.gateway_id, min(int(interval), 0xFFFF)))
-        for policy in self.transports.values():
-            if policy.can_broadcast:
-                self.stats.messages_sent += 1
-                self.out.append((policy.label, BROADCAST, data))
-        self.kick()
-        self.timers.at(now + interval, self._advertise_timer, None)
-
-    # ================================================================== keep alive, sleep
-
-    def _connected(
-        self, key: tuple[str, Address, bytes], packet: Packet, now: float
-    ) -> SnClient | None:
-        """The client at ``key`` if it has a connection (active, awake or asleep);
-        else it is told with DISCONNECT that it has none."""
-        client = self.by_key.get(key)
-        if client is None or client.state in (State.CONNECTING, State.DISCONNECTED):
-            self._not_connected(key, packet)
-            return None
-        self._heard(client, now)
-        return client
-
-    def _heard(self, client: SnClient, now: float) -> None:
-        """A message from ``client`` after its CONNACK: it is alive, and proven."""
-        client.last_rx = now
-        if not client.proven:
-            client.proven = True
-            if self.unproven.get(client.client_id) is client:
-                del self.unproven[client.client_id]
-
-    def _not_connected(self, key: tuple[str, Address, bytes], packet: Packet) -> None:
-        """A message that needs a connection from someone without one: DISCONNECT tells
-        the device to connect (again, e.g. after this gateway restarted)."""
-        self.stats.not_connected += 1
-        log.debug("%s: %s without a connection: DISCONNECT", _where(key), type(packet).__name__)
-        self._send_to(key, encode(Disconnect()))
-
-    def _keepalive(self, client: SnClient, now: float) -> None:
-        self.timers.cancel(client.timer)
-        if client.duration:
-            due = now + client.duration * self.settings.keepalive_grace
-        else:
-            # No keep-alive (Duration 0): the gateway's own bound, idle_timeout.
-            due = now + self.settings.idle_timeout
-        client.timer = self.timers.at(due, _silence, client)
-
-    def _silence_timer(self, client: SnClient, now: float) -> None:
-        """Keep alive (6.11) or the sleep duration (6.14) ran out without a word."""
-        client.timer = None
-        if self.by_id.get(client.client_id) is not client:
-            return
-        grace = self.settings.keepalive_grace
-        if client.state is State.ACTIVE and client.duration:
-            due = client.last_rx + client.duration * grace
-            why = f"keep alive of {client.duration} s passed without a message"
-        elif client.state is State.ACTIVE:
-            due = client.last_rx + self.settings.idle_timeout
-            why = f"no keep alive and silent for {self.settings.idle_timeout:g} s (idle_timeout)"
-        elif client.state in (State.ASLEEP, State.AWAKE):
-            due = client.last_rx + client.sleep_duration * grace
-            why = f"sleep duration of {client.sleep_duration} s passed without a message"
-        else:
-            return
-        if now < due:
-            client.timer = self.timers.at(due, _silence, client)
-            return
-        self._lost(client, now, why)
-
-    def _pingreq(self, key: tuple[str, Address, bytes], packet: PingReq, now: float) -> None:
-        client = self.by_key.get(key)
-        if packet.client_id:
-            named = self.by_id.get(packet.client_id)
-            if named is None or named.state in (State.CONNECTING, State.DISCONNECTED):
-                return self._not_connected(key, packet)
-            if named.key != key:
-                # A sleeping device often wakes with a new source port; its buffered
-                # messages go only where it connected from (the same IPv4 address or
-                # IPv6 /64, serial line and forwarder node). A device that moved
-                # CONNECTs again: the DISCONNECT below tells it to.
-                if named.state not in (State.ASLEEP, State.AWAKE):
-                    return self._not_connected(key, packet)
-                if _origin(key) != named.origin:
-                    self.stats.wakes_refused += 1
-                    self.refusals(
-                        now,
-                        _log_source(key),
-                        "%s: PINGREQ waking %r refused: it connected from %s",
-                        _where(key),
-                        named.client_id,
-                        named.where,
-                    )
-                    return self._not_connected(key, packet)
-                self.by_key.pop(named.key, None)
-                other = self.by_key.get(key)
-                if other is not None:
-                    self._lost(other, now, f"address taken over by {named.client_id!r}", will=False)
-                self.by_key[key] = named
-                named.move(key)
-            client = named
-        if client is None or client.state in (State.CONNECTING, State.DISCONNECTED):
-            return self._not_connected(key, packet)
-        self._heard(client, now)
-        if client.state in (State.ASLEEP, State.AWAKE):
-            # 6.14: awake; send what was buffered, then PINGRESP, then asleep again.
-            client.state = State.AWAKE
-            if client.inflight is not None:
-                self._resend(client, now)
-            self._pump(client, now)
-            return None
-        self._send(client, PingResp())
-        return None
-
-    def _disconnect(self, key: tuple[str, Address, bytes], packet: Disconnect, now: float) -> None:
-        client = self.by_key.get(key)
-        if client is None or client.state in (State.CONNECTING, State.DISCONNECTED):
-            # Nothing to end; confirm anyway so the device stops waiting.
-            self._send_to(key, encode(Disconnect()))
-            return
-        self._heard(client, now)
-        if packet.duration:
-            # 6.14: asleep for ``duration`` seconds; its messages are buffered.
-            client.state = State.ASLEEP
-            client.sleep_duration = packet.duration
-            self._cancel_timers(client)
-            client.timer = self.timers.at(
-                now + packet.duration * self.settings.keepalive_grace, _silence, client
-            )
-            log.debug("client %r asleep for %d s", client.client_id, packet.duration)
-            self._send(client, Disconnect())
-            return
-        self._send(client, Disconnect())
-        log.info("client %r disconnected", client.client_id)
-        self._end(client, now)
-
-    def _lost(self, client: SnClient, now: float, reason: str, *, will: bool = True) -> None:
-        """The client is gone without a DISCONNECT: its will is published (6.11, 6.14)."""
-        self.stats.clients_lost += 1
-        log.info("client %r at %s lost: %s", client.client_id, client.where, reason)
-        if will:
-            self._publish_will(client, now)
-        self._end(client, now)
-
-    def _publish_will(self, client: SnClient, now: float) -> None:
-        if client.will is not None and client.proxy is not None:
-            w = client.will
-            client.proxy.publish_will(w.topic, w.message, w.qos, w.retain, now)
-
-    def _end(self, client: SnClient, now: float) -> None:
-        """The connection ends: a clean session is forgotten, another is remembered."""
-        if client.clean or client.proxy is None:
-            self._forget(client, now)
-            return
-        self._cancel_timers(client)
-        if client.state is State.CONNECTING:
-            self.connecting -= 1
-        client.state = State.DISCONNECTED
-        self._unlist(client)
-        self.by_key.pop(client.key, None)
-        queue = client.queue
-        if queue:
-            kept = deque(e for e in queue if e.qos > 0)
-            self.stats.dropped_offline_qos0 += len(queue) - len(kept)
-            client.queue = kept or None
-
-    def _forget(self, client: SnClient, now: float) -> None:
-        self._cancel_timers(client)
-        if client.state is State.CONNECTING:
-            self.connecting -= 1
-        client.state = State.DISCONNECTED
-        self._unlist(client)
-        if self.by_key.get(client.key) is client:
-            del self.by_key[client.key]
-        if self.by_id.get(client.client_id) is client:
-            del self.by_id[client.client_id]
-        self._clear_session(client, now)
-
-    def _unlist(self, client: SnClient) -> None:
-        if self.unproven.get(client.client_id) is client:
-            del self.unproven[client.client_id]
-
-    def _cancel_timers(self, client: SnClient) -> None:
-        self.timers.cancel(client.timer)
-        self.timers.cancel(client.retry_timer)
-        client.timer = client.retry_timer = None
-
-    # ================================================================== register (6.5)
-
-    def _register(self, key: tuple[str, Address, bytes], packet: Register, now: float) -> None:
-        client = self._connected(key, packet, now)
-        if client is None:
-            return
-        name = packet.topic_name
-        if topic_name_error(name):
-            log.info("client %r: REGISTER of bad topic %r refused", client.client_id, name)
-            self._send(client, RegAck(0, packet.msg_id, ReturnCode.NOT_SUPPORTED))
-            return
-        topic_id = self._topic_id(client, name)
-        if topic_id is None:
-            self._send(client, RegAck(0, packet.msg_id, ReturnCode.CONGESTION))
-            return
-        self._send(client, RegAck(topic_id, packet.msg_id, ReturnCode.ACCEPTED))
-
-    def _topic_id(self, client: SnClient, name: str) -> int | None:
-        """The id of ``name`` for ``client``, assigned now if new (None: table full)."""
-        ids = client.topic_ids
-        if ids is None:
-            ids = client.topic_ids = {}
-        topic_id = ids.get(name)
-        if topic_id is not None:
-            return topic_id
-        if len(ids) >= self.settings.max_topics_per_client:
-            self.stats.dropped_topic_table += 1
-            log.warning(
-                "client %r: topic table full (%d topics): %r not registered",
-                client.client_id,
-                len(ids),
-                name,
-            )
-            return None
-        topic_id = client.next_topic_id
-        if topic_id in RESERVED_TOPIC_IDS:
-            topic_id = 1
-        if topic_id == 1 and ids:  # wrapped after 65,534 ids: skip those in use
-            used = set(ids.values())
-            while topic_id in used:
-                topic_id += 1
-        client.next_topic_id = topic_id + 1
-        ids[name] = topic_id
-        return topic_id
-
-    def _regack(self, key: tuple[str, Address, bytes], packet: RegAck, now: float) -> None:
-        client = self._connected(key, packet, now)
-        if client is None:
-            return
-        entry = client.inflight
-        if entry is None or entry.step != _REGISTERING or entry.msg_id != packet.msg_id:
-            return
-        self._stop_retry(client)
-        client.inflight = None
-        if packet.return_code != ReturnCode.ACCEPTED:
-            # The client will not take the topic: the message cannot be delivered.
-            self.stats.publish_refused += 1
-            log.info(
-                "client %r refused REGISTER of %r (return code %d): message dropped",
-                client.client_id,
-                entry.message.topic,
-                packet.return_code,
-            )
-            self._forget_topic(client, entry.message.topic)
-            if client.queue:
-                client.queue.popleft()
-        self._pump(client, now)
-
-    def _forget_topic(self, client: SnClient, name: str) -> None:
-        if client.topic_ids is not None:
-            client.topic_ids.pop(name, None)
-
-    # ================================================================== publishing (6.6, 6.8)
-
-    def _topic_of(self, client: SnClient | None, id_type: int, topic_id: int) -> str | None:
-        if id_type == TopicIdType.NORMAL:
-            ids = client.topic_ids if client is not None else None
-            if ids:
-                for name, known in ids.items():
-                    if known == topic_id:
-                        return name
-            return None
-        if id_type == TopicIdType.PREDEFINED:
-            return self.predefined.get(topic_id)
-        if id_type == TopicIdType.SHORT:
-            try:
-                name = short_topic(topic_id)
-            except ValueError:
-                return None
-            return None if has_wildcard(name) or "\x00" in name else name
-        return None
-
-    def _publish(self, key: tuple[str, Address, bytes], packet: Publish, now: float) -> None:
-        if packet.qos == -1:
-            return self._publish_qos_minus_one(key, packet, now)
-        client = self._connected(key, packet, now)
-        if client is None:
-            return None
-        self._publish_fields(
-            client,
-            packet.qos,
-            packet.retain,
-            packet.topic_id_type,
-            packet.topic_id,
-            packet.msg_id,
-            packet.data,
-            now,
-        )
-        return None
-
-    def _publish_fields(
-        self,
-        client: SnClient,
-        qos: int,
-        retain: bool,
-        id_type: int,
-        topic_id: int,
-        msg_id: int,
-        data: bytes,
-        now: float,
-    ) -> None:
-        """A PUBLISH (QoS 0-2) from a connected client: the one policy, whether it came
-        through ``decode`` or the datagram fast path (``received``)."""
-        if id_type == TopicIdType.RESERVED:
-            self._send(client, PubAck(topic_id, msg_id, ReturnCode.NOT_SUPPORTED))
-            return
-        topic = self._topic_of(client, id_type, topic_id)
-        if topic is None:
-            # 6.6: an unknown topic id is answered "rejected: invalid topic ID".
-            self.stats.publish_refused += 1
-            self._send(client, PubAck(topic_id, msg_id, ReturnCode.INVALID_TOPIC_ID))
-            return
-        if qos == 2:
-            inbound = client.inbound_qos2
-            if inbound is not None and msg_id in inbound:
-                self._send(client, PubRec(msg_id))  # a resend: routed already
-                return
-            if inbound is not None and len(inbound) >= MAX_INBOUND_QOS2:
-                self.stats.publish_refused += 1
-                self._send(client, PubAck(topic_id, msg_id, ReturnCode.CONGESTION))
-                return
-        proxy = client.proxy
-        assert proxy is not None
-        refused = proxy.refusal(topic, qos, retain, len(data))
-        if refused is not None:
-            self.stats.publish_refused += 1
-            log.info(
-                "client %r: PUBLISH on %r refused: %s", client.client_id, topic, refused.reason
-            )
-            if qos:
-                self._send(client, PubAck(topic_id, msg_id, _RETURN_CODES[refused.kind]))
-            return
-        batch = proxy.publish_counted(topic, data, now, qos=qos, retain=retain)
-        if qos == 1:
-            self._emit(client, encode_ack(MsgType.PUBACK, topic_id, msg_id), batch or 0)
-        elif qos == 2:
-            if client.inbound_qos2 is None:
-                client.inbound_qos2 = set()
-            client.inbound_qos2.add(msg_id)
-            self._emit(client, encode(PubRec(msg_id)), batch or 0)
-
-    def _publish_qos_minus_one(
-        self, key: tuple[str, Address, bytes], packet: Publish, now: float
-    ) -> None:
-        """6.8: no connection, predefined and short topics only, nothing answered."""
-        policy = self.transports.get(key[0])
-        if not self.settings.qos_minus_one or (policy is not None and policy.allow_client_ids):
-            self.stats.publish_refused += 1
-            log.debug("%s: QoS -1 PUBLISH refused (not enabled here)", _where(key))
-            return
-        if packet.topic_id_type not in (TopicIdType.PREDEFINED, TopicIdType.SHORT):
-            self.stats.publish_refused += 1
-            log.info("%s: QoS -1 PUBLISH with a normal topic id dropped", _where(key))
-            return
-        topic = self._topic_of(None, packet.topic_id_type, packet.topic_id)
-        if topic is None:
-            self.stats.publish_refused += 1
-            log.info("%s: QoS -1 PUBLISH to unknown topic id %d", _where(key), packet.topic_id)
-            return
-        client = self.by_key.get(key)
-        proxy = client.proxy if client is not None and client.proxy is not None else None
-        if proxy is None:
-            proxy = self._anonymous_client(now)
-        if proxy.refusal(topic, 0, packet.retain, len(packet.data)) is not None:
-            self.stats.publish_refused += 1
-            return
-        self.stats.qos_minus_one += 1
-        proxy.publish_counted(topic, packet.data, now, qos=0, retain=packet.retain)
-
-    def _anonymous_client(self, now: float) -> ProxyClient:
-        """The broker session QoS -1 messages come from (not counted as connected)."""
-        if self._anonymous is None:
-            self._anonymous = ProxyClient(
-                self.broker, "ledge-mqttsn-qos-1", _discard, acl=self.acl, now=now, counted=False
-            )
-        return self._anonymous
-
-    def _pubrel(self, key: tuple[str, Address, bytes], packet: PubRel, now: float) -> None:
-        client = self._connected(key, packet, now)
-        if client is None:
-            return
-        if client.inbound_qos2 is not None:
-            client.inbound_qos2.discard(packet.msg_id)
-            if not client.inbound_qos2:
-                client.inbound_qos2 = None
-        self._emit(client, encode(PubComp(packet.msg_id)))
-
-    # ================================================================== subscribe (6.9)
-
-    def _subscribe(self, key: tuple[str, Address, bytes], packet: Subscribe, now: float) -> None:
-        client = self._connected(key, packet, now)
-        if client is None:
-            return
-        msg_id = packet.msg_id
-        if packet.qos < 0:
-            self._send(client, SubAck(0, msg_id, ReturnCode.NOT_SUPPORTED))
-            return
-        topic_id = 0
-        if packet.topic_id_type == TopicIdType.PREDEFINED:
-            assert isinstance(packet.topic, int)
-            name = self.predefined.get(packet.topic)
-            if name is None:
-                self._send(client, SubAck(packet.topic, msg_id, ReturnCode.INVALID_TOPIC_ID))
-                return
-            topic_filter, topic_id = name, packet.topic
-        else:
-            assert isinstance(packet.topic, str)
-            topic_filter = packet.topic
-        proxy = client.proxy
-        assert proxy is not None
-        client.holding = True  # retained messages go out after the SUBACK
-        try:
-            refused = proxy.subscribe_checked(topic_filter, packet.qos, now)
-        finally:
-            client.holding = False
-        if refused is not None:
-            log.info(
-                "client %r: SUBSCRIBE %r refused: %s",
-                client.client_id,
-                topic_filter,
-                refused.reason,
-            )
-            self._send(client, SubAck(topic_id, msg_id, _RETURN_CODES[refused.kind]))
-            return
-        if packet.topic_id_type == TopicIdType.NORMAL and not has_wildcard(topic_filter):
-            # 5.4.16: the id the gateway will use when it publishes on this topic.
-            topic_id = self._topic_id(client, topic_filter) or 0
-        self._send(client, SubAck(topic_id, msg_id, ReturnCode.ACCEPTED, packet.qos))
-        self._pump(client, now)
-
-    def _unsubscribe(
-        self, key: tuple[str, Address, bytes], packet: Unsubscribe, now: float
-    ) -> None:
-        client = self._connected(key, packet, now)
-        if client is None:
-            return
-        if packet.topic_id_type == TopicIdType.PREDEFINED:
-            name = self.predefined.get(packet.topic) if isinstance(packet.topic, int) else None
-        else:
-            name = packet.topic if isinstance(packet.topic, str) else None
-        if name is not None and client.proxy is not None:
-            client.proxy.unsubscribe(name)
-        self._send(client, UnsubAck(packet.msg_id))
-
-    # ================================================================== delivery (6.10)
+        return systopics.values(self)
 
     def deliver(self, client: SnClient, msg: Message, qos: int, retain: bool) -> None:
         """A message for ``client`` from the broker: sent now or queued (bounded)."""
-        state = client.state
-        if state is State.DISCONNECTED and qos == 0:
-            self.stats.dropped_offline_qos0 += 1
-            return
-        if len(msg.payload) + 7 > self.settings.max_message_size:
-            # A PUBLISH longer than the clients may receive: counted, not sent.
-            self.stats.dropped_too_large += 1
-            return
-        # Deliveries happen inside the broker's routing; a message routed just now
-        # was created just now (retained ones arrive inside our own SUBSCRIBE).
-        now = msg.created if msg.created > self.now else self.now
-        entry = Outbound(msg, qos, retain)
-        if (
-            state is State.ACTIVE
-            and not client.holding
-            and client.inflight is None
-            and not client.queue
-            and self._resolve(client, entry)
-        ):
-            self._transmit(client, entry, now)
-            return
-        queue = client.queue
-        if queue is None:
-            queue = client.queue = deque()
-        if len(queue) >= self.settings.max_queued_messages:
-            self.stats.dropped_queue_full += 1
-            if self.stats.dropped_queue_full & (self.stats.dropped_queue_full - 1) == 0:
-                log.warning(
-                    "queue of %r full (%d messages): %s (%d dropped so far)",
-                    client.client_id,
-                    len(queue),
-                    self.settings.queue_policy,
-                    self.stats.dropped_queue_full,
-                )
-            if self.settings.queue_policy == "drop-new":
-                return
-            queue.popleft()
-        queue.append(entry)
-        if state is State.ACTIVE and not client.holding and client.inflight is None:
-            self._pump(client, now)
-
-    def _resolve(self, client: SnClient, entry: Outbound) -> bool:
-        """Pick the topic id to publish ``entry`` with; False when it must be
-        registered first."""
-        topic = entry.message.topic
-        predefined = self.predefined_ids.get(topic)
-        if predefined is not None:
-            entry.topic_id, entry.id_type = predefined, TopicIdType.PREDEFINED
-            return True
-        raw = topic.encode("utf-8")
-        if len(raw) == 2:
-            entry.topic_id, entry.id_type = int.from_bytes(raw, "big"), TopicIdType.SHORT
-            return True
-        ids = client.topic_ids
-        topic_id = ids.get(topic) if ids is not None else None
-        if topic_id is None:
-            return False
-        entry.topic_id, entry.id_type = topic_id, TopicIdType.NORMAL
-        return True
-
-    def _pump(self, client: SnClient, now: float) -> None:
-        """Send queued messages while the client can take them; an awake client then
-        gets PINGRESP and sleeps again."""
-        state = client.state
-        if state not in (State.ACTIVE, State.AWAKE) or client.holding:
-            return
-        queue = client.queue
-        while queue and client.inflight is None:
-            entry = queue[0]
-            if not self._resolve(client, entry):
-                topic_id = self._topic_id(client, entry.message.topic)
-                if topic_id is None:
-                    queue.popleft()  # counted in _topic_id
-                    continue
-                # 6.10: REGISTER first; the PUBLISH follows the REGACK.
-                entry.step = _REGISTERING
-                entry.msg_id = client.allocate_msg_id()
-                entry.topic_id = topic_id
-                client.inflight = entry
-                self._send(client, Register(topic_id, entry.msg_id, entry.message.topic))
-                self._start_retry(client, now)
-                return
-            queue.popleft()
-            self._transmit(client, entry, now)
-        if not queue:
-            client.queue = None
-        if client.state is State.AWAKE and client.inflight is None and not client.queue:
-            self._send(client, PingResp())
-            client.state = State.ASLEEP
-            self._cancel_timers(client)
-            client.timer = self.timers.at(
-                now + client.sleep_duration * self.settings.keepalive_grace,
-                _silence,
-                client,
-            )
-
-    def _transmit(self, client: SnClient, entry: Outbound, now: float) -> None:
-        msg = entry.message
-        if entry.qos == 0:
-            self._emit(
-                client,
-                encode_publish(
-                    entry.topic_id, 0, msg.payload, 0, entry.retain, False, entry.id_type
-                ),
-            )
-            return
-        entry.msg_id = client.allocate_msg_id()
-        entry.step = _AWAIT_PUBACK if entry.qos == 1 else _AWAIT_PUBREC
-        client.inflight = entry
-        self._emit(client, _publish_bytes(entry, dup=False))
-        self._start_retry(client, now)
-
-    def _resend(self, client: SnClient, now: float) -> None:
-        """Send the step in flight again (DUP on a PUBLISH), section 6.13."""
-        entry = client.inflight
-        if entry is None:
-            return
-        self.stats.retransmissions += 1
-        if entry.step == _REGISTERING:
-            self._send(client, Register(entry.topic_id, entry.msg_id, entry.message.topic))
-        elif entry.step == _AWAIT_PUBCOMP:
-            self._send(client, PubRel(entry.msg_id))
-        else:
-            self._emit(client, _publish_bytes(entry, dup=True))
-        self._start_retry(client, now)
-
-    def _start_retry(self, client: SnClient, now: float) -> None:
-        self.timers.cancel(client.retry_timer)
-        client.retry_timer = self.timers.at(now + self.settings.retry_interval, _retry, client)
-
-    def _stop_retry(self, client: SnClient) -> None:
-        self.timers.cancel(client.retry_timer)
-        client.retry_timer = None
-        client.retries = 0
-
-    def _retry_timer(self, client: SnClient, now: float) -> None:
-        client.retry_timer = None
-        if client.inflight is None or client.state not in (State.ACTIVE, State.AWAKE):
-            return
-        if client.retries >= self.settings.max_retries:
-            self._lost(
-                client,
-                now,
-                f"no acknowledgement after {client.retries} resends "
-                f"(every {self.settings.retry_interval:g} s)",
-            )
-            return
-        client.retries += 1
-        self._resend(client, now)
-
-    def _acknowledged(
-        self,
-        key: tuple[str, Address, bytes],
-        packet: PubAck | PubRec | PubComp,
-        now: float,
-        steps: tuple[int, ...],
-    ) -> tuple[SnClient, Outbound] | None:
-        """The client and its message in flight that ``packet`` acknowledges, if any
-        (an acknowledgement of anything else is ignored, as MQTT does)."""
-        client = self._connected(key, packet, now)
-        if client is None:
-            return None
-        entry = client.inflight
-        if entry is None or entry.msg_id != packet.msg_id or entry.step not in steps:
-            return None
-        return client, entry
-
-    def _puback(self, key: tuple[str, Address, bytes], packet: PubAck, now: float) -> None:
-        found = self._acknowledged(key, packet, now, (_AWAIT_PUBACK, _AWAIT_PUBREC))
-        if found is None:
-            return
-        client, entry = found
-        self._stop_retry(client)
-        client.inflight = None
-        if (
-            packet.return_code == ReturnCode.INVALID_TOPIC_ID
-            and entry.id_type == TopicIdType.NORMAL
-        ):
-            # The client lost the registration (it restarted): register again, resend.
-            self._forget_topic(client, entry.message.topic)
-            entry.step = 0
-            if client.queue is None:
-                client.queue = deque()
-            client.queue.appendleft(entry)
-        elif packet.return_code != ReturnCode.ACCEPTED:
-            self.stats.publish_refused += 1
-            log.info(
-                "client %r refused a message on %r (return code %d)",
-                client.client_id,
-                entry.message.topic,
-                packet.return_code,
-            )
-        self._pump(client, now)
-
-    def _pubrec(self, key: tuple[str, Address, bytes], packet: PubRec, now: float) -> None:
-        found = self._acknowledged(key, packet, now, (_AWAIT_PUBREC, _AWAIT_PUBCOMP))
-        if found is None:
-            return
-        client, entry = found
-        entry.step = _AWAIT_PUBCOMP
-        client.retries = 0
-        self._send(client, PubRel(packet.msg_id))
-        self._start_retry(client, now)
-
-    def _pubcomp(self, key: tuple[str, Address, bytes], packet: PubComp, now: float) -> None:
-        found = self._acknowledged(key, packet, now, (_AWAIT_PUBCOMP,))
-        if found is None:
-            return
-        client = found[0]
-        self._stop_retry(client)
-        client.inflight = None
-        self._pump(client, now)
-
-    def _drop_queue(self, client: SnClient) -> None:
-        client.queue = None
-        client.inflight = None
-        self.timers.cancel(client.retry_timer)
-        client.retry_timer = None
-        client.retries = 0
-
-    # ================================================================== helpers
-
-    def _rules(self, client: SnClient) -> Rules | None:
-        return self.acl.rules_for(None, client.client_id) if self.acl is not None else None
-
-    def _malformed(
-        self, transport: str, address: Address, reason: str, offset: int, now: float
-    ) -> None:
-        self.stats.malformed += 1
-        self.refusals(
-            now,
-            _log_source((transport, address, b"")),
-            "%s: unreadable message from %s at byte %d: %s",
-            transport,
-            _address_text(address),
-            offset,
-            reason,
-        )
-
-
-def _publish_bytes(entry: Outbound, *, dup: bool) -> bytes:
-    return encode_publish(
-        entry.topic_id,
-        entry.msg_id,
-        entry.message.payload,
-        entry.qos,
-        entry.retain,
-        dup,
-        entry.id_type,
-    )
-
-
-def _nothing() -> None:
-    pass
-
-
-# Timer callbacks as plain functions: a bound method would be one more object per
-# client and deadline (idle clients are many; each byte counts a thousand times).
-def _silence(client: SnClient, now: float) -> None:
-    client.gateway._silence_timer(client, now)
-
-
-def _retry(client: SnClient, now: float) -> None:
-    client.gateway._retry_timer(client, now)
-
-
-def _connect_deadline(client: SnClient, now: float) -> None:
-    client.gateway._connect_timer(client, now)
-
-
-def _discard(msg: Message, qos: int, retain: bool, sub_ids: tuple[int, ...]) -> None:
-    pass
-
-
-def _sparse(count: int) -> bool:
-    """Log the 1st, 2nd, 4th, 8th ... of a counted event: a flood stays readable."""
-    return count & (count - 1) == 0
-
-
-def _source(address: Address) -> str | None:
-    """What ``max_clients_per_address`` counts for a UDP ``(host, port, ...)``: the IPv4
-    address, or the IPv6 /64 (one host usually has a whole /64 to pick from), as the
-    broker's per-address limits count. ``None`` for a serial line (its name)."""
-    if not isinstance(address, tuple) or not address or not isinstance(address[0], str):
-        return None
-    host: str = address[0]
-    return address_key(f"[{host}]:0") if ":" in host else host
-
-
-def _origin(key: tuple[str, Address, bytes]) -> tuple[str, object, bytes]:
-    """Where a client may wake from: its transport, its source (IPv4 address, IPv6
-    /64, or the serial line) and its node behind a forwarder; any source port."""
-    transport, address, node_id = key
-    source = _source(address)
-    return (transport, address if source is None else source, node_id)
-
-
-def _log_source(key: tuple[str, Address, bytes]) -> str:
-    """What refusal lines are limited by: the source IP (/64), or the serial line."""
-    source = _source(key[1])
-    return source if source is not None else f"{key[0]} {key[1]}"
-
-
-def _address_text(address: Address) -> str:
-    if isinstance(address, tuple) and len(address) >= 2:
-        host, port = address[0], address[1]
-        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
-    return str(address)
-
-
-def _where(key: tuple[str, Address, bytes]) -> str:
-    transport, address, node_id = key
-    node = f" node {node_id.hex()}" if node_id else ""
-    return f"{_address_text(address)}{node} ({transport})"
-
-
-Handler = Callable[[Gateway, tuple[str, Address, bytes], Packet, float], None]
-
-_HANDLERS: Final[dict[type, Handler]] = {
-    Connect: Gateway._connect,  # type: ignore[dict-item]
-    WillTopic: Gateway._will_topic,  # type: ignore[dict-item]
-    WillMsg: Gateway._will_msg,  # type: ignore[dict-item]
-    WillTopicUpd: Gateway._will_topic_upd,  # type: ignore[dict-item]
-    WillMsgUpd: Gateway._will_msg_upd,  # type: ignore[dict-item]
-    SearchGw: Gateway._searchgw,  # type: ignore[dict-item]
-    Register: Gateway._register,  # type: ignore[dict-item]
-    RegAck: Gateway._regack,  # type: ignore[dict-item]
-    Publish: Gateway._publish,  # type: ignore[dict-item]
-    PubAck: Gateway._puback,  # type: ignore[dict-item]
-    PubRec: Gateway._pubrec,  # type: ignore[dict-item]
-    PubRel: Gateway._pubrel,  # type: ignore[dict-item]
-    PubComp: Gateway._pubcomp,  # type: ignore[dict-item]
-    Subscribe: Gateway._subscribe,  # type: ignore[dict-item]
-    Unsubscribe: Gateway._unsubscribe,  # type: ignore[dict-item]
-    PingReq: Gateway._pingreq,  # type: ignore[dict-item]
-    Disconnect: Gateway._disconnect,  # type: ignore[dict-item]
-}
+        delivery.deliver(self, client, msg, qos, retain)

@@ -3,7 +3,7 @@
 Each configured ``[[mqttsn.udp]]`` is a datagram endpoint (IPv4 or IPv6 by its host),
 each ``[[mqttsn.serial]]`` a pyserial port (``drivers.serial``, reopened with backoff
 when unplugged) read through the COBS deframer. Whatever arrives goes to the gateway
-logic (``gateway.mqttsn.gateway``) with the loop's time; what it answers is sent at the
+logic (``gateway.mqttsn``) with the loop's time; what it answers is sent at the
 end of the loop iteration; its next deadline arms one loop timer. Imported only when
 ``[mqttsn]`` has a transport.
 """
@@ -16,8 +16,9 @@ import logging
 import socket
 from typing import TYPE_CHECKING, Any, cast
 
-from gateway.mqttsn.gateway import BROADCAST, Address, Gateway, TransportPolicy
+from gateway.mqttsn.gateway import Gateway
 from gateway.mqttsn.settings import MqttSnSerialSettings, MqttSnSettings, UdpSettings
+from gateway.mqttsn.state import BROADCAST, Address, TransportPolicy
 from gateway.mqttsn.uart import Deframer, FrameError, encode_frame
 
 if TYPE_CHECKING:

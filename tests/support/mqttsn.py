@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from gateway.mqttsn.codec import decode, encode
-from gateway.mqttsn.gateway import BROADCAST, Gateway, TransportPolicy
+from gateway.mqttsn.gateway import Gateway
 from gateway.mqttsn.packets import (
     ConnAck,
     Connect,
@@ -33,6 +33,7 @@ from gateway.mqttsn.packets import (
     WillTopicReq,
 )
 from gateway.mqttsn.settings import MqttSnSettings
+from gateway.mqttsn.state import BROADCAST, TransportPolicy
 from tests.support.harness import Harness
 
 P = TypeVar("P")
