@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import signal
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -128,6 +129,33 @@ def test_a_bridge_moved_to_another_upstream_delivers_its_outbox_there_in_order(
         # The gateway's own client never noticed: connected throughout, everything came.
         got = {m.topic for m in local.wait_messages(total + 3)}
         assert {"t/first", "t/q", "t/after", "u/x"} <= got
+
+        # A change while messages flow: none falls between the old bridge and the new.
+        published = 0
+        done = threading.Event()
+
+        def stream() -> None:
+            nonlocal published
+            while not done.is_set():
+                pub.publish("u/s", b"%05d" % published, 1)
+                published += 1
+
+        streamer = threading.Thread(target=stream)
+        streamer.start()
+        try:
+            wait_for(lambda: published >= 20, 10, "the stream to start")
+            extra = outbox + "keepalive = 30\n"
+            write(config, bridge("cloud", b.port, rule("u/#", "new/"), extra=extra))
+            assert "bridge cloud changed" in reload(proc)
+            after = published
+            wait_for(lambda: published >= after + 20, 10, "the stream to go on")
+        finally:
+            done.set()
+            streamer.join()
+        wait_for(
+            lambda: len(first_arrivals(watch_b, "new/u/s")) >= published, 20, "the stream at B"
+        )
+        assert first_arrivals(watch_b, "new/u/s") == list(range(published))
         assert local.disconnects == [] and pub.disconnects == []
         for client in (watch_a, watch_b, local, pub):
             client.close()
