@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from drivers.model import health_from_message
 from gateway.bridgectl import collect
 from tests.support.clients import Paho
 from tests.support.procs import LedgeProcess, MosquittoProcess, free_port
@@ -210,35 +211,62 @@ def test_sighup_adds_and_removes_bridges_and_leaves_unchanged_ones_alone(
         assert proc.stop() == 0
 
 
-def test_a_removed_bridges_outbox_waits_on_disk_until_it_is_configured_again(
-    tmp_path: Path, upstreams: list[MosquittoProcess]
+@pytest.mark.parametrize("store", [True, False], ids=["data_dir", "memory"])
+def test_a_removed_bridges_outbox_waits_in_the_store_until_it_is_configured_again(
+    tmp_path: Path, upstreams: list[MosquittoProcess], store: bool
 ) -> None:
+    """With a data_dir, what a removed bridge had queued goes up when a bridge of that
+    name is configured again, before anything new. Without one, it is dropped: logged,
+    and counted in the health report."""
     up = upstreams[0]
     up.port = free_port()  # nothing listens there yet
-    config = write(tmp_path / "ledge.toml", bridge("cloud", up.port, rule("t/#")))
-    proc = LedgeProcess("--data-dir", str(tmp_path / "data"), config=config).start()
+    health = '[gateway]\nid = "gw1"\nhealth_interval = 0.2\n'
+
+    def configure(*bridges: str) -> None:
+        config.write_text("[broker]\nsys_interval = 0.2\n" + health + "".join(bridges))
+
+    config = tmp_path / "ledge.toml"
+    configure(bridge("cloud", up.port, rule("t/#")))
+    args = ("--data-dir", str(tmp_path / "data")) if store else ()
+    proc = LedgeProcess(*args, config=config).start()
     try:
+        watch_health = Paho(proc.port, "health").connect()
+        watch_health.subscribe("ledge/gw1/health", 1)
         pub = Paho(proc.port, "pub").connect()
         for i in range(5):
             pub.publish("t/q", b"%05d" % i, 1)
         wait_bridge(proc, "cloud", "queued", "5")
 
-        write(config)
+        configure()
         assert "bridge cloud removed" in reload(proc)
-        proc.wait_log(r"bridge cloud removed: link closed; its outbox \(5 message\(s\)\) is kept")
+        if store:
+            proc.wait_log(
+                r"bridge cloud removed: link closed; its outbox \(5 message\(s\)\) is kept"
+            )
+        else:
+            proc.wait_log(
+                r"bridge cloud removed: link closed; its outbox \(5 message\(s\), in memory"
+            )
+
+            def dropped() -> int:
+                reports = [
+                    health_from_message(m.topic, m.payload)[1] for m in watch_health.messages
+                ]
+                return sum(h.dropped for h in reports)
+
+            wait_for(lambda: dropped() == 5, 10, "five drops in the health reports")
         pub.publish("t/q", b"00099 while removed", 1)  # no bridge carries it
 
         up.start(up.port)
         watch = Paho(up.port, "watch").connect()
         watch.subscribe("t/#", 1)
-        write(config, bridge("cloud", up.port, rule("t/#")))
+        configure(bridge("cloud", up.port, rule("t/#")))
         assert "bridge cloud added" in reload(proc)
-        wait_for(lambda: len(first_arrivals(watch, "t/q")) >= 5, 10, "the kept outbox")
         pub.publish("t/q", b"00005", 1)
-        wait_for(lambda: 5 in first_arrivals(watch, "t/q"), 10, "a new message after them")
-        assert first_arrivals(watch, "t/q") == [0, 1, 2, 3, 4, 5]
+        wait_for(lambda: 5 in first_arrivals(watch, "t/q"), 10, "a new message")
+        assert first_arrivals(watch, "t/q") == ([0, 1, 2, 3, 4, 5] if store else [5])
         wait_bridge(proc, "cloud", "queued", "0")
-        for client in (watch, pub):
+        for client in (watch, watch_health, pub):
             client.close()
     finally:
         assert proc.stop() == 0
