@@ -9,6 +9,7 @@ carries none of the validator's memory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import logging
@@ -40,8 +41,8 @@ from gateway.runtime import (
 if TYPE_CHECKING:
     from gateway.bridge.link import Bridge
     from gateway.bridge.sequence import Sequence
+    from gateway.bridge.settings import BridgeSettings
     from gateway.metrics.collect import Metrics
-    from gateway.net.http import HTTPServer
     from gateway.net.http_settings import HTTPSettings
     from gateway.net.mqttsn import MqttSnShell
     from gateway.sdnotify import Notifier
@@ -113,6 +114,15 @@ class Gateway:
         self.mqttsn: MqttSnShell | None = None
         self._snapshot: Snapshot | None = None
         self._sequence: Sequence | None = None
+        #: The store's last reservation of sequence numbers and the highest number in
+        #: its outboxes at start-up: where numbering starts when a reload adds the
+        #: first bridge.
+        self._sequence_base = (0, 0)
+        #: The highest store batch committed, and reloads waiting for one.
+        self._committed_upto = 0
+        self._commit_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        #: Messages lost with the in-memory outboxes of bridges a reload removed.
+        self._removed_drops = 0
         self._health_timer: asyncio.TimerHandle | None = None
         self._drops_reported = 0
         self.metrics: Metrics | None = None
@@ -166,19 +176,7 @@ class Gateway:
         self._start_bridges()
         self._start_sensors_and_taps(loop)
         if (config.http is not None and config.http.enabled) or config.sensors.homeassistant:
-            # Imported here: without [http] or Home Assistant the metrics code never loads.
-            from gateway.metrics.collect import start_metrics
-
-            self.metrics = await start_metrics(
-                config,
-                self.broker,
-                self.server,
-                store=self.store,
-                bridges=self.bridges,
-                sensors=self.sensors,
-                taps=self.taps,
-                mqttsn=self.mqttsn.gateway if self.mqttsn is not None else None,
-            )
+            self.metrics = await self._start_metrics(config)
         self._schedule_health(loop)
         if self.store is not None or self.bridges:
             self._clock_timer = loop.call_later(CLOCK_CHECK_INTERVAL, self._check_clock)
@@ -189,6 +187,22 @@ class Gateway:
             __version__,
             os.getpid(),
             type(loop).__module__.split(".")[0],
+        )
+
+    async def _start_metrics(self, config: RuntimeConfig) -> Metrics:
+        # Imported here: without [http] or Home Assistant the metrics code never loads.
+        from gateway.metrics.collect import start_metrics
+
+        assert self.broker is not None and self.server is not None
+        return await start_metrics(
+            config,
+            self.broker,
+            self.server,
+            store=self.store,
+            bridges=self.bridges,
+            sensors=self.sensors,
+            taps=self.taps,
+            mqttsn=self.mqttsn.gateway if self.mqttsn is not None else None,
         )
 
     # ------------------------------------------------------------------ sensors, taps
@@ -255,36 +269,45 @@ class Gateway:
                         len(rows),
                         name,
                     )
-        if not config.bridges:
-            return
+        for settings in config.bridges:
+            bridge = self._new_bridge(settings)
+            if snapshot is not None:
+                bridge.outbox.restore(snapshot.outbox.get(settings.name, ()))
+            bridge.start()
+            self.bridges.append(bridge)
+
+    def _new_bridge(self, settings: BridgeSettings) -> Bridge:
         # Imported here: a gateway without bridges never loads aiomqtt and paho.
         from gateway.bridge.link import Bridge
         from gateway.bridge.sequence import Sequence
 
         assert self.broker is not None and self.server is not None
-        sequence = self._sequence
-        if sequence is None:
-            # No store: start at the wall clock in microseconds (see gateway.bridge.sequence).
-            sequence = Sequence(time.time_ns() // 1000)
-        for settings in config.bridges:
-            bridge = Bridge(
-                settings,
-                gateway=config.sensors.gateway,
-                prefix=config.sensors.prefix,
-                broker=self.broker,
-                sequence=sequence,
-                store=self.store,
-                wall=self.wall,
-            )
-            if snapshot is not None:
-                bridge.outbox.restore(snapshot.outbox.get(settings.name, ()))
+        if self._sequence is None:
             if self.store is None:
-                log.warning(
-                    "bridge %s: no data_dir, so its outbox lives in memory and is lost on restart",
-                    settings.name,
-                )
-            bridge.start()
-            self.bridges.append(bridge)
+                # No store: start at the wall clock in microseconds (gateway.bridge.sequence).
+                self._sequence = Sequence(time.time_ns() // 1000)
+            else:
+                # The first bridge, added by a reload: nothing is reserved yet, so the
+                # first number taken writes a reservation in its own store batch, which
+                # commits before that number can travel (see Sequence.take).
+                stored, highest = self._sequence_base
+                start = max(stored, highest + 1, 1)
+                self._sequence = Sequence(start, start)
+        if self.store is None:
+            log.warning(
+                "bridge %s: no data_dir, so its outbox lives in memory and is lost on restart",
+                settings.name,
+            )
+        config = self.config
+        return Bridge(
+            settings,
+            gateway=config.sensors.gateway,
+            prefix=config.sensors.prefix,
+            broker=self.broker,
+            sequence=self._sequence,
+            store=self.store,
+            wall=self.wall,
+        )
 
     # ------------------------------------------------------------------ health
 
@@ -297,7 +320,7 @@ class Gateway:
         broker, server = self.broker, self.server
         assert broker is not None and server is not None
         loop = server.loop
-        dropped = broker.stats.drops() + sum(b.drops for b in self.bridges)
+        dropped = broker.stats.drops() + sum(b.drops for b in self.bridges) + self._removed_drops
         if self.taps is not None:
             dropped += self.taps.stats.dropped
         body = {
@@ -333,13 +356,12 @@ class Gateway:
         assert self.broker is not None and self.server is not None
         restore(self.broker, snapshot, loop.time(), loop.time() + self.wall_offset)
         self._snapshot = snapshot  # the bridges take their outboxes from it
-        if self.config.bridges:
-            from gateway.bridge.sequence import META_KEY, Sequence
+        from gateway.bridge.sequence import META_KEY, Sequence
 
+        self._sequence_base = (int(snapshot.meta.get(META_KEY, "0")), snapshot.outbox_max_seq)
+        if self.config.bridges:
             # Reserve the first block of sequence numbers before anything can use one.
-            self._sequence, reserve = Sequence.resume(
-                int(snapshot.meta.get(META_KEY, "0")), snapshot.outbox_max_seq
-            )
+            self._sequence, reserve = Sequence.resume(*self._sequence_base)
             store.set_meta_now(META_KEY, str(reserve))
         store.start(
             loop.call_soon_threadsafe, self._committed, self._store_failed, self._store_fullness
@@ -374,8 +396,19 @@ class Gateway:
             log.warning("store writes again")
         broker.store_full = store.full
         broker.batch_committed(upto)
+        self._committed_upto = max(self._committed_upto, upto)
+        if self._sequence is not None:
+            self._sequence.commit(upto)
         for bridge in self.bridges:
             bridge.committed(upto)
+        if self._commit_waiters:
+            waiting = []
+            for batch, future in self._commit_waiters:
+                if batch > upto:
+                    waiting.append((batch, future))
+                elif not future.done():
+                    future.set_result(None)
+            self._commit_waiters = waiting
         if self.mqttsn is not None:
             self.mqttsn.committed(upto)
         if server.reading_paused and store.backlog < STORE_BACKLOG_LOW:
@@ -472,6 +505,13 @@ class Gateway:
         await self._stop.wait()
 
     async def close(self) -> None:
+        reloading = self._reloading
+        if reloading is not None and not reloading.done():
+            # A reload halfway through a bridge or the HTTP listener: everything it
+            # started is in the lists closed below.
+            reloading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reloading
         for timer in (self._health_timer, self._clock_timer, self._watchdog_timer):
             if timer is not None:
                 timer.cancel()
@@ -519,6 +559,10 @@ class Gateway:
             notifier.reloading()
         try:
             await self._reload()
+        except Exception:
+            # Not expected (every known failure is reported and kept from applying);
+            # what was applied before it stays, and the next SIGHUP can run.
+            log.exception("reload failed halfway")
         finally:
             if notifier is not None and not self._stop.is_set():
                 notifier.ready("configuration reloaded")
@@ -587,39 +631,18 @@ class Gateway:
             auth = build_authenticator(new.allow_anonymous, new.password_file)
             policies = build_policies(new.listeners)
             specs = self._listener_changes(new)
-            https = self._https_running()
-            if https is not None and new.http is not None and new.http.https:
-                from gateway.net.tls import server_context
-
-                server_context(new.http)  # a certificate that does not load fails here
         except (ValueError, KeyError, OSError, ConfigError) as exc:
             log.error("reload failed, keeping the running config: %s", exc)
             return
-        self.apply(new, auth, policies, specs)
-
-    def _https_running(self) -> HTTPServer | None:
-        """The HTTP listener, when it runs and serves HTTPS."""
-        running = self.metrics.http if self.metrics is not None else None
-        return running if running is not None and running.settings.https else None
-
-    def _reload_http(
-        self, new: HTTPSettings | None, changed: dict[str, Any], ignored: list[str]
-    ) -> HTTPSettings | None:
-        """``[http]`` on reload: a running HTTPS listener reads its TLS files again (a
-        renewed certificate serves new connections); anything else needs a restart."""
-        old = self.config.http
-        if old is None or new is None:
-            if (old is not None and old.enabled) or (new is not None and new.enabled):
-                ignored.append("http")
-            return old
-        ignored.extend(f"http.{name}" for name in old.restart_needed(new))
-        http = old.reloaded(new)
-        https = self._https_running()
-        if https is not None:
-            https.update_tls(http)
-            if http != old:
-                changed["http"] = http
-        return http
+        changed, ignored = self.apply(new, auth, policies, specs)
+        changed += await self._reload_bridges(new.bridges)
+        changed += await self._reload_http(new.http)
+        log.info(
+            "config reloaded from %s: %s%s",
+            new.config_path,
+            ", ".join(changed) or "no changes",
+            f" (restart needed for: {', '.join(ignored)})" if ignored else "",
+        )
 
     def _listener_changes(self, new: RuntimeConfig) -> list[ListenerSpec]:
         """The running listeners whose connection-time settings changed (their TLS
@@ -641,8 +664,10 @@ class Gateway:
         auth: Authenticator,
         policies: dict[str, ListenerPolicy] | None = None,
         specs: list[ListenerSpec] | None = None,
-    ) -> None:
-        """Take the reloadable parts of ``new``; say what needs a restart."""
+    ) -> tuple[list[str], list[str]]:
+        """Take the reloadable parts of ``new`` for the broker, the listeners and the
+        log; returns what changed and what needs a restart. (Bridges and the HTTP
+        listener follow: ``_reload_bridges``, ``_reload_http``.)"""
         broker = self.broker
         server = self.server
         assert broker is not None and server is not None
@@ -673,15 +698,188 @@ class Gateway:
             listeners = new.listeners
             for warning in file_warnings(new):
                 log.warning("%s", warning)
-        http = self._reload_http(new.http, changed, ignored)
         setup_logging(new.log_level)
-        self.config = replace(new, listeners=listeners, broker=broker.settings, http=http)
-        log.info(
-            "config reloaded from %s: %s%s",
-            new.config_path,
-            ", ".join(sorted(changed)) or "no broker changes",
-            f" (restart needed for: {', '.join(ignored)})" if ignored else "",
+        # Bridges and [http] stay what runs until their own reload has run.
+        self.config = replace(
+            new,
+            listeners=listeners,
+            broker=broker.settings,
+            bridges=self.config.bridges,
+            http=self.config.http,
         )
+        return sorted(changed), ignored
+
+    # ------------------------------------------------------------------ reload: bridges
+
+    async def _reload_bridges(self, wanted: tuple[BridgeSettings, ...]) -> list[str]:
+        """``[[bridges]]`` on reload, matched by name; returns what changed.
+
+        A removed bridge stops (its link disconnects) and its outbox stays in the store
+        under its name, so configuring it again resumes it (as after a restart); without
+        a store its messages are dropped and counted in the health report. A changed
+        bridge reconnects with its new settings and keeps its outbox: what was queued
+        goes up first, in order, to the topics it was mapped to when it was queued
+        (under the rules of that time). A new bridge starts; a bridge whose settings
+        did not change is not touched."""
+        running = {b.name: b for b in self.bridges}
+        names = {settings.name for settings in wanted}
+        done: list[str] = []
+        for bridge in [b for b in self.bridges if b.name not in names]:
+            await self._remove_bridge(bridge)
+            done.append(f"bridge {bridge.name} removed")
+        for settings in wanted:
+            old = running.get(settings.name)
+            if old is None:
+                if await self._add_bridge(settings):
+                    done.append(f"bridge {settings.name} added")
+            elif old.settings != settings:
+                await old.stop()  # its link; messages still enter its outbox meanwhile
+                # From here to start() nothing yields to the loop, so no message falls
+                # between the old local subscriptions and the new.
+                bridge = old.successor(settings)
+                bridge.start()
+                self.bridges[self.bridges.index(old)] = bridge
+                done.append(f"bridge {settings.name} changed")
+        order = {settings.name: i for i, settings in enumerate(wanted)}
+        self.bridges.sort(key=lambda b: order[b.name])  # in place: the metrics read it
+        self.config = replace(self.config, bridges=tuple(b.settings for b in self.bridges))
+        if self.bridges and self._clock_timer is None and self.server is not None:
+            self._clock_timer = self.server.loop.call_later(CLOCK_CHECK_INTERVAL, self._check_clock)
+        return done
+
+    async def _remove_bridge(self, bridge: Bridge) -> None:
+        await bridge.stop()
+        bridge.detach()
+        bridge.forget_sys()
+        self.bridges.remove(bridge)
+        queued = bridge.outbox.count
+        if self.store is not None:
+            self._seal()  # its last changes go to the store now
+            log.warning(
+                "bridge %s removed: link closed; its outbox (%d message(s)) is kept in the "
+                "store and goes up when a bridge named %r is configured again",
+                bridge.name,
+                queued,
+                bridge.name,
+            )
+        else:
+            self._removed_drops += queued
+            log.warning(
+                "bridge %s removed: link closed; its outbox (%d message(s), in memory: "
+                "no data_dir) is dropped",
+                bridge.name,
+                queued,
+            )
+
+    async def _add_bridge(self, settings: BridgeSettings) -> bool:
+        """Start a bridge a reload added, with what the store holds under its name (an
+        outbox kept from when it was removed, or from an earlier run). False: the
+        store could not be read; the bridge stays out until the next SIGHUP."""
+        rows: list[tuple[int, int, float]] = []
+        if self.store is not None:
+            import sqlite3
+
+            try:
+                rows = await self._stored_outbox(settings.name)
+            except (TimeoutError, OSError, sqlite3.Error) as exc:
+                log.error(
+                    "bridge %s not added: cannot read its outbox from the store (%s); "
+                    "the next SIGHUP tries again",
+                    settings.name,
+                    exc or "timed out",
+                )
+                return False
+        bridge = self._new_bridge(settings)
+        bridge.outbox.restore(rows)
+        bridge.start()
+        self.bridges.append(bridge)
+        if rows:
+            log.info("bridge %s: %d message(s) from the store to send", settings.name, len(rows))
+        return True
+
+    async def _stored_outbox(self, name: str) -> list[tuple[int, int, float]]:
+        """``(pos, size, created)`` of each row the store holds for bridge ``name``,
+        once everything handed to the store so far is committed (a bridge removed a
+        moment ago may still have changes on their way)."""
+        from gateway.bridge.outbox import PAGE
+        from gateway.store.settings import OUTBOX_ENTRY_OVERHEAD
+
+        store, broker = self.store, self.broker
+        assert store is not None and broker is not None and broker.journal is not None
+        self._seal()
+        target = broker.journal.batch_id - 1  # every batch sealed so far
+        if self._committed_upto < target:
+            future = asyncio.get_running_loop().create_future()
+            waiter = (target, future)
+            self._commit_waiters.append(waiter)
+            try:
+                async with asyncio.timeout(RELOAD_TIMEOUT):
+                    await future
+            finally:
+                if waiter in self._commit_waiters:
+                    self._commit_waiters.remove(waiter)
+
+        def read() -> list[tuple[int, int, float]]:
+            index: list[tuple[int, int, float]] = []
+            first = 0
+            while True:
+                page = store.read_outbox(name, first, PAGE)
+                index.extend(
+                    (pos, len(topic) + len(payload) + len(props) + OUTBOX_ENTRY_OVERHEAD, made)
+                    for pos, _seq, topic, payload, _qos, _retain, props, made, _ends in page
+                )
+                if len(page) < PAGE:
+                    return index
+                first = page[-1][0] + 1
+
+        return await asyncio.get_running_loop().run_in_executor(None, read)
+
+    # ------------------------------------------------------------------ reload: HTTP
+
+    async def _reload_http(self, new: HTTPSettings | None) -> list[str]:
+        """``[http]`` on reload; returns what changed.
+
+        Changed settings (host, port, TLS, password or token file, limits, on or off):
+        the listener is made again with them; the new one listens before the old one
+        closes (on the same address it takes over the socket), the old one's
+        connections are closed. Unchanged settings: the password, token and TLS files
+        are read again. When the new listener cannot open (its port is taken, a file
+        does not load), the old one keeps serving and the log says why; the next
+        SIGHUP tries again. MQTT is not touched either way."""
+        old = self.config.http
+        server = self.server
+        assert server is not None
+        metrics = self.metrics
+        running = metrics.http if metrics is not None else None
+        wanted = new if new is not None and new.enabled else None
+        where = self.config.config_path or "<command line>"
+        try:
+            if wanted is None:
+                if metrics is not None and running is not None:
+                    await metrics.stop_http()
+                    if metrics.homeassistant is None:
+                        await metrics.close()
+                        self.metrics = None
+                    log.info("http: listener closed")
+            elif metrics is None:
+                # Raises ConfigError when it cannot listen, having closed what it opened.
+                self.metrics = await self._start_metrics(replace(self.config, http=wanted))
+            elif running is None or running.settings != wanted:
+                await metrics.serve_http(server, wanted, where)
+            else:
+                metrics.refresh_http(where)
+        except (OSError, ConfigError) as exc:
+            keeping = (
+                f"the listener on {running.settings.host}:{running.settings.port}"
+                if running is not None
+                else "it off"
+            )
+            why = exc.strerror or exc if isinstance(exc, OSError) else exc
+            target = "" if wanted is None else f" (on {wanted.host}:{wanted.port})"
+            log.error("reload of [http] failed%s, keeping %s: %s", target, keeping, why)
+            return []
+        self.config = replace(self.config, http=new)
+        return [] if new == old else ["http"]
 
 
 def listener_spec(listener: ListenerSettings, index: int) -> ListenerSpec:

@@ -525,8 +525,8 @@ BridgeConfig = section_model(
     _BridgeChecks,
     # The file names remote brokers as text; BridgeSettings.addresses holds them parsed.
     extra={
-        "address": (str | None, Field(None, json_schema_extra={"reload": False})),
-        "addresses": (list[str], Field(default_factory=list, json_schema_extra={"reload": False})),
+        "address": (str | None, Field(None, json_schema_extra={"reload": True})),
+        "addresses": (list[str], Field(default_factory=list, json_schema_extra={"reload": True})),
     },
 )
 AuthConfig = section_model(AuthSettings, _AuthChecks, also=(BrokerSettings, "auth"))
@@ -800,10 +800,11 @@ def config_changes(old: Config, new: Config) -> list[Change]:
     """Every option that differs from ``old`` in ``new``, each with the ``reload=`` its
     declaration carries.
 
-    A table not reloadable as a whole is compared option by option. So is a list of
-    tables whose length did not change (``listeners[0].acl_file`` reloads while
-    ``listeners[0].port`` does not); a list that grew or shrank counts as a change of
-    the list itself. An option that declares nothing needs a restart."""
+    A table present in both is compared option by option, and so is a list of tables
+    whose length did not change (``listeners[0].acl_file`` reloads while
+    ``listeners[0].port`` does not). A table that appeared or went away (``[http]``),
+    and a list that grew or shrank (``bridges``), count as a change of the table or
+    list itself, with its own mark. An option that declares nothing needs a restart."""
     out: list[Change] = []
     _diff(old, new, (), None, out)
     return out
@@ -815,15 +816,12 @@ def _diff(
     if old == new:
         return
     if isinstance(old, BaseModel) and type(old) is type(new):
-        # A table is compared option by option unless it is reloadable as a whole (a
-        # table's own field carries no reload=True: its options say what SIGHUP takes).
-        if not mark:
-            for name, field in type(old).model_fields.items():
-                _diff(
-                    getattr(old, name), getattr(new, name), (*loc, name), _reload_mark(field), out
-                )
-            return
-    elif (
+        # The table's own mark says whether it may come and go; its options say what
+        # SIGHUP takes of it.
+        for name, field in type(old).model_fields.items():
+            _diff(getattr(old, name), getattr(new, name), (*loc, name), _reload_mark(field), out)
+        return
+    if (
         isinstance(old, list)
         and isinstance(new, list)
         and len(old) == len(new)

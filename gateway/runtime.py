@@ -220,12 +220,12 @@ class RuntimeConfig:
     taps: TapSettings = option(factory=TapSettings)
     bluetooth: BluetoothSettings = option(factory=BluetoothSettings)
     ble: tuple[BleDeviceSettings, ...] = option(())
-    bridges: tuple[BridgeSettings, ...] = option(())
+    bridges: tuple[BridgeSettings, ...] = option((), reload=True)
     mqttsn: MqttSnSettings = option(factory=MqttSnSettings)
     auth: AuthSettings = option(factory=AuthSettings)
     log: LogSettings = option(factory=LogSettings)
     #: None: no ``[http]`` table (no HTTP listener).
-    http: HTTPSettings | None = option(None)
+    http: HTTPSettings | None = option(None, reload=True)
     #: The file the config came from (None: the embedded default) ...
     config_path: str | None = option(None, internal=True)
     #: ... and the command-line flags that override it, re-applied on reload.

@@ -679,3 +679,86 @@ def test_upstream_properties_are_the_codecs_bytes_with_the_marks() -> None:
     assert got.content_type == "text/plain"
     assert got.user_properties == (("site", "n"), *marks)
     assert got.message_expiry_interval in (99, 100)  # what is left of it
+
+
+# ---------------------------------------------------------------------- reload
+
+
+def test_a_changed_bridge_carries_on_with_the_outbox_and_the_new_rules() -> None:
+    """``successor``: what was queued stays queued, as mapped under the old rules; the
+    local subscriptions are the new rules' from the same moment; the counters go on."""
+    import asyncio
+
+    from gateway.bridge.link import Bridge
+    from gateway.bridge.settings import BridgeSettings
+    from tests.support.harness import Harness
+
+    h = Harness()
+    closed = (("127.0.0.1", 1),)  # nothing listens: the link never comes up
+    old_settings = BridgeSettings("cloud", closed, (RuleSettings("t/#", remote_prefix="old/"),))
+    new_settings = BridgeSettings("cloud", closed, (RuleSettings("u/#", remote_prefix="new/"),))
+
+    async def run() -> None:
+        old = Bridge(
+            old_settings, gateway="gw1", prefix="ledge", broker=h.broker, sequence=Sequence(1)
+        )
+        old.start()
+        h.broker.publish_local("t/1", b"a", h.now, qos=1)
+        old.stats.connects = 3
+        await old.stop()
+        h.broker.publish_local("t/2", b"b", h.now, qos=1)  # the link is down, not the outbox
+        new = old.successor(new_settings)
+        new.start()
+        assert new.outbox is old.outbox and new.stats.connects == 3
+        h.broker.publish_local("t/3", b"c", h.now, qos=1)  # no rule takes t/ any more
+        h.broker.publish_local("u/1", b"d", h.now, qos=1)
+        assert [e.topic for e in new.outbox.mem] == ["old/t/1", "old/t/2", "new/u/1"]
+        # One in-process client of that name, the new one; the old one is gone.
+        assert h.broker.sessions["ledge-bridge-cloud"] is new.local.session
+        assert Bridge.local_ids >= {"ledge-bridge-cloud"}
+        await new.stop()
+        new.detach()
+        assert "ledge-bridge-cloud" not in h.broker.sessions
+        assert "ledge-bridge-cloud" not in Bridge.local_ids
+
+    asyncio.run(run())
+
+
+def test_a_page_of_the_outbox_cancelled_by_a_stop_is_read_again_after_a_change(
+    tmp_path: Path,
+) -> None:
+    """A bridge stopped (a reload changed it) while it was reading a page of its outbox
+    from the store: its successor asks for that page again rather than wait forever."""
+    import asyncio
+
+    from gateway.bridge.link import Bridge
+    from gateway.bridge.settings import BridgeSettings
+    from gateway.store.sqlite import Store
+    from tests.support.harness import Harness
+
+    h = Harness()
+    store = Store(tmp_path)
+    store.open()
+    settings = BridgeSettings("cloud", (("127.0.0.1", 1),), (RuleSettings("t/#"),))
+
+    async def run() -> None:
+        old = Bridge(
+            settings, gateway="gw1", prefix="ledge", broker=h.broker, sequence=Sequence(1),
+            store=store,
+        )  # fmt: skip
+        old.outbox.restore([(1, 100, 0.0), (2, 100, 0.0)])  # on disk, not yet in memory
+        old._refill()  # what the sender does; the read has not started
+        assert old.outbox.refilling
+        await old.stop()  # cancels it
+        new = old.successor(settings)
+        assert not new.outbox.refilling
+        new._refill()
+        assert new.outbox.refilling  # asked again
+        await asyncio.gather(*new._loads)
+        await new.stop()
+        new.detach()
+
+    try:
+        asyncio.run(run())
+    finally:
+        store.close()

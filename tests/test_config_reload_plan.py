@@ -15,9 +15,15 @@ from pydantic import BaseModel
 
 from gateway.config import (
     AuthConfig,
+    BridgeConfig,
+    BridgeRuleConfig,
+    BridgeTlsConfig,
     BrokerConfig,
     Change,
+    Config,
+    HTTPConfig,
     ListenerConfig,
+    OutboxConfig,
     config_changes,
     parse_config,
     reloadable_fields,
@@ -80,23 +86,48 @@ def test_the_same_options_written_differently_are_unchanged() -> None:
         ),
         # A listener more or fewer: the list itself changed.
         (BASE, BASE + "[[listeners]]\nport = 1884\n", [("listeners", False)]),
-        (BASE, BASE + BRIDGE, [("bridges", False)]),
-        # Inside a bridge: the address (marked), its TLS table (marks nothing: restart).
+        # Bridges come, go and change on SIGHUP, every option of them.
+        (BASE, BASE + BRIDGE, [("bridges", True)]),
+        (BASE + BRIDGE, BASE, [("bridges", True)]),
         (
             BASE + BRIDGE,
             (BASE + BRIDGE).replace("cloud.example:1883", "cloud.example:1884"),
-            [("bridges[0].address", False)],
+            [("bridges[0].address", True)],
         ),
         (
             BASE + BRIDGE,
             BASE + BRIDGE + "[bridges.tls]\ninsecure = true\n",
-            [("bridges[0].tls.insecure", False)],
+            [("bridges[0].tls.insecure", True)],
+        ),
+        (
+            BASE + BRIDGE,
+            BASE + BRIDGE + "[bridges.outbox]\nmax_bytes = 4096\n",
+            [("bridges[0].outbox.max_bytes", True)],
         ),
         (
             BASE + BRIDGE,
             (BASE + BRIDGE).replace('filter = "plant/#"', 'filter = "hall/#"'),
-            [("bridges[0].rules[0].filter", False)],
+            [("bridges[0].rules[0].filter", True)],
         ),
+        (
+            BASE + BRIDGE,
+            BASE + BRIDGE + '[[bridges.rules]]\nfilter = "hall/#"\n',
+            [("bridges[0].rules", True)],
+        ),
+        # So does the HTTP listener, as a whole or option by option.
+        (BASE, BASE + "[http]\nenabled = true\n", [("http", True)]),
+        (
+            BASE + "[http]\nenabled = true\n",
+            BASE + "[http]\nenabled = true\nport = 9\n",
+            [("http.port", True)],
+        ),
+        (
+            BASE + "[http]\nenabled = true\n",
+            BASE + "[http]\nenabled = false\nmax_connections = 4\n",
+            [("http.enabled", True), ("http.max_connections", True)],
+        ),
+        # A table present in both is still compared option by option.
+        (BASE, BASE + '[store]\ndurability = "process"\n', [("store.durability", False)]),
     ],
 )
 def test_each_changed_option_is_named_with_its_reload_mark(
@@ -114,17 +145,28 @@ def _changed(value: object) -> object:
 
 
 @pytest.mark.parametrize(
-    ("model", "section"),
-    [(BrokerConfig, "broker"), (AuthConfig, "auth"), (ListenerConfig, "listeners[0]")],
+    ("model", "section", "base"),
+    [
+        (BrokerConfig, "broker", BASE),
+        (AuthConfig, "auth", BASE),
+        (ListenerConfig, "listeners[0]", BASE),
+        (BridgeConfig, "bridges[0]", BASE + BRIDGE),
+        (HTTPConfig, "http", BASE + "[http]\nenabled = true\n"),
+    ],
 )
-def test_the_verdict_follows_every_declared_mark(model: type[BaseModel], section: str) -> None:
+def test_the_verdict_follows_every_declared_mark(
+    model: type[BaseModel], section: str, base: str
+) -> None:
     """Each number or switch of the section, changed alone, reloads exactly when its
     declaration says ``reload=True``."""
-    old = parse_config(BASE)
+    old = parse_config(base)
     marks = reloadable_fields(model)
+    table, _, index = section.partition("[")
     tried = 0
     for name, mark in marks.items():
-        current = old.listeners[0] if section == "listeners[0]" else getattr(old, section)
+        current = getattr(old, table)
+        if index:
+            current = current[0]
         new_value = _changed(getattr(current, name))
         if new_value is None:
             continue
@@ -132,13 +174,24 @@ def test_the_verdict_follows_every_declared_mark(model: type[BaseModel], section
             changed = current.model_validate({**current.model_dump(), name: new_value})
         except ValueError:
             continue  # a value this option does not take alone
-        if section == "listeners[0]":
-            new = old.model_copy(update={"listeners": [changed]})
-        else:
-            new = old.model_copy(update={section: changed})
+        new = old.model_copy(update={table: [changed] if index else changed})
         assert config_changes(old, new) == [Change(f"{section}.{name}", mark)], name
         tried += 1
     assert tried >= 2
+
+
+@pytest.mark.parametrize(
+    "model", [BridgeConfig, BridgeRuleConfig, BridgeTlsConfig, OutboxConfig, HTTPConfig]
+)
+def test_every_bridge_and_http_option_is_reloadable(model: type[BaseModel]) -> None:
+    """SIGHUP adds, removes and changes bridges and the HTTP listener, whatever changed."""
+    assert {name for name, mark in reloadable_fields(model).items() if not mark} == set()
+
+
+def test_bridges_and_http_may_come_and_go_on_reload() -> None:
+    marks = reloadable_fields(Config)
+    assert marks["bridges"] and marks["http"]
+    assert not marks["data_dir"] and not marks["serial"]
 
 
 def ledge(*args: str) -> subprocess.CompletedProcess[str]:
@@ -172,6 +225,19 @@ def test_check_config_against_says_reload_restart_or_unchanged(tmp_path: Path) -
     assert verdict(restart, old) == (
         "restart: needed for listeners[0].port; reloadable: broker.max_inflight"
     )
+    # Bridges and the HTTP listener: SIGHUP is enough, whatever changed in them.
+    running = tmp_path / "running.toml"
+    running.write_text(BASE + BRIDGE + "[http]\nenabled = true\n")
+    moved = tmp_path / "moved.toml"
+    moved.write_text(
+        (BASE + BRIDGE).replace("cloud.example:1883", "backup.example:1883")
+        + "[bridges.tls]\nenabled = true\n"
+        + "[http]\nenabled = true\nport = 9884\n"
+    )
+    assert verdict(moved, running) == (
+        "reload: SIGHUP applies every change: bridges[0].tls.enabled, bridges[0].address, http.port"
+    )
+    assert verdict(old, running) == "reload: SIGHUP applies every change: bridges, http"
     # No previous config (a first install): a start is needed, not a reload.
     assert verdict(old, tmp_path / "missing.toml").startswith("restart:")
 

@@ -162,6 +162,7 @@ class Bridge:
         self.wall = wall
         self.name = settings.name
         self.gateway = gateway
+        self.prefix = prefix
         self.broker = broker
         self.sequence = sequence
         self.store = store
@@ -242,6 +243,8 @@ class Bridge:
         for task in list(self._loads):
             task.cancel()
         await asyncio.gather(*self._loads, return_exceptions=True)
+        # A page cancelled halfway is asked for again by whoever sends this outbox next.
+        self.outbox.refilling = False
         if self._done_timer is not None:
             self._done_timer.cancel()
         self._flush_done()
@@ -250,6 +253,45 @@ class Bridge:
         if self.sys_values in self.broker.sys_sources:
             self.broker.sys_sources.remove(self.sys_values)
         self._set_state("stopped")
+
+    def detach(self) -> None:
+        """After ``stop``, for good (a reload removed or changed the bridge): its local
+        subscriptions and client id go, so nothing more enters its outbox."""
+        self.local.close(self.broker_now())
+        Bridge.local_ids.discard(self.local.client_id)
+        self._mqtt_log.removeFilter(self._repeats)
+
+    def successor(self, settings: BridgeSettings) -> Bridge:
+        """The bridge that carries on from this stopped one with new ``settings`` (same
+        name; a reload changed them): it takes over the outbox -- what is queued goes
+        up first, in order, as it was mapped when it was queued -- and the counters.
+        Nothing is lost between the two: call ``start`` on it before yielding to the
+        event loop."""
+        self.detach()
+        new = Bridge(
+            settings,
+            gateway=self.gateway,
+            prefix=self.prefix,
+            broker=self.broker,
+            sequence=self.sequence,
+            store=self.store,
+            wall=self.wall,
+        )
+        outbox = self.outbox
+        outbox.settings = settings.outbox  # a lower bound applies from the next message on
+        outbox.emit = new._emit if self.store is not None else None
+        new.outbox = outbox
+        new.stats = self.stats
+        return new
+
+    def forget_sys(self) -> None:
+        """A reload removed the bridge: its retained ``$SYS/broker/bridge/<name>/...``
+        values are cleared, so nothing shows a bridge that is no longer there."""
+        broker, now = self.broker, self.broker_now()
+        for key in (*self.sys_values(), f"bridge/{self.name}/state"):
+            topic = "$SYS/broker/" + key
+            broker.sys_last.pop(topic, None)
+            broker.publish_local(topic, b"", now, retain=True)
 
     def broker_now(self) -> float:
         return asyncio.get_running_loop().time()

@@ -1066,6 +1066,7 @@ class Metrics:
         self.collector = collector
         self.http: HTTPServer | None = None
         self.homeassistant: HomeAssistantGateway | None = None
+        self._http_source: HTTPSource | None = None
 
     async def close(self) -> None:
         self.collector.stop()
@@ -1073,6 +1074,48 @@ class Metrics:
             self.homeassistant.stop()
         if self.http is not None:
             await self.http.close()
+
+    async def serve_http(self, server: Server, settings: HTTPSettings, where: str) -> None:
+        """Serve HTTP with ``settings``, in place of the listener running now (a reload).
+
+        The new listener opens first (on the same host and port it takes over the
+        running one's socket); only then does the old one close, with its
+        connections. When the new one cannot open (the port is taken, a password,
+        token or TLS file does not load) the old one keeps serving and the error
+        (``OSError``, ``ConfigError``) is raised. The counters carry on."""
+        from gateway.net.http import HTTPServer
+
+        old = self.http
+        credentials = _credentials(where, settings)
+        new = HTTPServer(server, settings, self.collector.respond, credentials, old)
+        await new.listen()
+        self.http = new
+        if old is not None:
+            await old.close()
+        if self._http_source is None:
+            self._http_source = HTTPSource(new)
+            self.collector.register(self._http_source)
+        self._http_source.http = new
+
+    def refresh_http(self, where: str) -> None:
+        """The running listener's password, token and TLS files read again (a reload
+        that left ``[http]`` as it was): a renewed certificate or a changed password
+        applies to the next connection or request. An error leaves them as they were."""
+        http = self.http
+        assert http is not None
+        credentials = _credentials(where, http.settings)
+        if http.settings.https:
+            http.update_tls(http.settings)
+        http.credentials = credentials
+
+    async def stop_http(self) -> None:
+        """Close the HTTP listener and its connections (a reload turned it off)."""
+        if self.http is not None:
+            await self.http.close()
+            self.http = None
+        if self._http_source is not None:
+            self.collector.sources.remove(self._http_source)
+            self._http_source = None
 
 
 async def start_metrics(
@@ -1101,7 +1144,8 @@ async def start_metrics(
     collector.register(ProcessSource(time.time() - (clock() - broker.started)))
     if store is not None:
         collector.register(StoreSource(store, broker))
-    if bridges:
+    if bridges is not None:
+        # The gateway's own list: bridges a reload adds or removes are seen.
         collector.register(BridgeSource(bridges))
     if sensors is not None:
         collector.register(SensorSource(sensors))
@@ -1115,18 +1159,17 @@ async def start_metrics(
     collector.start(loop)
     http = config.http
     if http is not None and http.enabled:
-        from gateway.net.http import HTTPServer
-
-        metrics.http = HTTPServer(server, http, collector.respond, _credentials(config, http))
-        collector.register(HTTPSource(metrics.http))
+        where = config.config_path or "<command line>"
         try:
-            await metrics.http.listen()
+            await metrics.serve_http(server, http, where)
         except OSError as exc:
             collector.stop()
             raise ConfigError(
-                config.config_path or "<command line>",
-                [f"http: cannot listen on {http.host}:{http.port}: {exc.strerror or exc}"],
+                where, [f"http: cannot listen on {http.host}:{http.port}: {exc.strerror or exc}"]
             ) from None
+        except ConfigError:
+            collector.stop()
+            raise
     if config.sensors.homeassistant:
         metrics.homeassistant = HomeAssistantGateway(
             collector,
@@ -1147,11 +1190,12 @@ def _bound(listener: asyncio.Server) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _credentials(config: RuntimeConfig, http: HTTPSettings) -> Credentials:
+def _credentials(where: str, http: HTTPSettings) -> Credentials:
+    """Who may read, from the files ``http`` names (``where``: the config file, for
+    errors)."""
     from gateway.broker.auth import PasswordAuthenticator, PasswordFileError, parse_password_file
     from gateway.net.http import Credentials, read_token
 
-    where = config.config_path or "<command line>"
     users = None
     if http.password_file is not None:
         try:

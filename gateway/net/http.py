@@ -196,8 +196,26 @@ class HTTPEndpoint(Endpoint):
         return True
 
 
+class _Door:
+    """The listening socket's protocol factory: it makes each new connection for the
+    ``HTTPServer`` that owns the socket now (a reload that keeps the address hands the
+    socket to the new server: no moment without a listener, no connection refused)."""
+
+    __slots__ = ("server",)
+
+    def __init__(self, server: HTTPServer) -> None:
+        self.server = server
+
+    def __call__(self) -> asyncio.Protocol:
+        return self.server.protocol()
+
+
 class HTTPServer:
-    """One HTTP listener and its connections."""
+    """One HTTP listener and its connections.
+
+    ``previous``: the listener this one replaces (a reload changed ``[http]``). The
+    counters and the failed-login slowdown carry on from it, and on the same host
+    and port its listening socket is taken over when this one listens."""
 
     def __init__(
         self,
@@ -205,14 +223,18 @@ class HTTPServer:
         settings: HTTPSettings,
         handler: Handler,
         credentials: Credentials | None = None,
+        previous: HTTPServer | None = None,
     ) -> None:
         self.shell = shell
         self.loop = shell.loop
         self.settings = settings
         self.handler = handler
         self.credentials = credentials or Credentials()
-        self.stats = HTTPStats()
-        self.throttle = LoginThrottle(1024)
+        self.stats: HTTPStats = previous.stats if previous is not None else HTTPStats()
+        self.throttle: LoginThrottle = (
+            previous.throttle if previous is not None else LoginThrottle(1024)
+        )
+        self.previous = previous
         #: Every connection with a transport: those in a slot, and those closing.
         self.protocols: set[HTTPProtocol] = set()
         self.admission: Admission[HTTPProtocol] = Admission(
@@ -230,28 +252,44 @@ class HTTPServer:
         self.refusals = RateLimitedLog(log)
         self.addresses: list[tuple[str, int]] = []
         self._listener: asyncio.Server | None = None
+        self._door: _Door | None = None
         self._endpoint: HTTPEndpoint | None = None
         self._executor: Executor | None = None
         self._checking = 0
 
-    async def listen(self) -> list[tuple[str, int]]:
-        s = self.settings
-        factory: Callable[[], asyncio.Protocol]
-        if s.https:
+    def protocol(self) -> asyncio.Protocol:
+        """A new connection's protocol (through TLS for HTTPS)."""
+        if self._endpoint is not None:
             from gateway.net.tls import TLSProtocol
 
-            endpoint = self._endpoint = HTTPEndpoint(self)
+            return TLSProtocol(self._endpoint, HTTPProtocol(self))
+        return HTTPProtocol(self)
 
-            def factory() -> asyncio.Protocol:
-                return TLSProtocol(endpoint, HTTPProtocol(self))
+    async def listen(self) -> list[tuple[str, int]]:
+        """Open the listener (OSError: it cannot, e.g. the port is taken; a TLS file
+        that does not load fails here too, before anything is opened). On the host and
+        port of ``previous`` its socket is taken over instead; it then owns none and
+        its ``close`` closes only its connections."""
+        s = self.settings
+        if s.https:
+            self._endpoint = HTTPEndpoint(self)
+        previous = self.previous
+        if (
+            previous is not None
+            and previous._door is not None
+            and (previous.settings.host, previous.settings.port) == (s.host, s.port)
+        ):
+            self._listener, self._door = previous._listener, previous._door
+            previous._listener = previous._door = None
+            self._door.server = self
         else:
-
-            def factory() -> asyncio.Protocol:
-                return HTTPProtocol(self)
-
-        self._listener = await self.loop.create_server(
-            factory, s.host, s.port, reuse_address=True, backlog=64
-        )
+            door = _Door(self)
+            self._listener = await self.loop.create_server(
+                door, s.host, s.port, reuse_address=True, backlog=64
+            )
+            self._door = door
+        self.previous = None  # only the counters are kept from it
+        assert self._listener is not None
         self.addresses = [sock.getsockname()[:2] for sock in self._listener.sockets]
         scheme = "https" if s.https else "http"
         for host, port in self.addresses:
@@ -266,6 +304,7 @@ class HTTPServer:
         return self.addresses
 
     async def close(self) -> None:
+        self._door = None
         if self._listener is not None:
             self._listener.close()
         for proto in list(self.protocols):
