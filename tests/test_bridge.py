@@ -23,7 +23,7 @@ from paho.mqtt.properties import Properties
 from drivers.model import Health, health_from_message
 from gateway.bridgectl import collect
 from tests.support.clients import Paho, Received
-from tests.support.procs import REPO, LedgeProcess, MosquittoProcess, free_port
+from tests.support.procs import REPO, LedgeProcess, MosquittoProcess, dead_port, free_port
 from tests.support.wait import wait_for
 
 
@@ -611,22 +611,23 @@ def test_qos0_bypass_goes_up_only_while_connected_and_never_to_disk(
 def test_failover_through_addresses(tmp_path: Path, cloud: Cloud) -> None:
     """The first address has nobody listening: the bridge moves on to the next."""
     cloud.start()
-    dead = free_port()
-    config = bridge_config(tmp_path, dead, rule("t/#"), f'addresses = ["127.0.0.1:{cloud.port}"]')
-    proc = LedgeProcess(config=config).start()
-    try:
-        proc.wait_log(rf"bridge cloud: cannot connect to 127.0.0.1:{dead}")
-        proc.wait_log(rf"bridge cloud: connected to 127.0.0.1:{cloud.port}", 15)
-        assert bridge_values(proc)["address"] == f"127.0.0.1:{cloud.port}"
-        up = Paho(cloud.port, "consumer").connect()
-        up.subscribe("t/#", 1)
-        pub = Paho(proc.port, "producer").connect()
-        pub.publish("t/x", b"via the second address", 1)
-        assert [m.payload for m in up.wait_messages(1)] == [b"via the second address"]
-        up.disconnect()
-        pub.disconnect()
-    finally:
-        assert proc.stop() == 0
+    with dead_port() as dead:
+        rules = rule("t/#")
+        extra = f'addresses = ["127.0.0.1:{cloud.port}"]'
+        proc = LedgeProcess(config=bridge_config(tmp_path, dead, rules, extra)).start()
+        try:
+            proc.wait_log(rf"bridge cloud: cannot connect to 127.0.0.1:{dead}")
+            proc.wait_log(rf"bridge cloud: connected to 127.0.0.1:{cloud.port}", 15)
+            assert bridge_values(proc)["address"] == f"127.0.0.1:{cloud.port}"
+            up = Paho(cloud.port, "consumer").connect()
+            up.subscribe("t/#", 1)
+            pub = Paho(proc.port, "producer").connect()
+            pub.publish("t/x", b"via the second address", 1)
+            assert [m.payload for m in up.wait_messages(1)] == [b"via the second address"]
+            up.disconnect()
+            pub.disconnect()
+        finally:
+            assert proc.stop() == 0
 
 
 # ---------------------------------------------------------------------- status will

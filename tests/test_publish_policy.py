@@ -28,7 +28,7 @@ from gateway.mqtt import (
 )
 from gateway.mqtt.reason_codes import ReasonCode
 from tests.support.harness import Harness
-from tests.support.procs import LedgeProcess, free_port
+from tests.support.procs import LedgeProcess, dead_port
 from tests.support.raw import Raw
 
 ACL = "topic readwrite t/open/#\ntopic read t/#\n"
@@ -82,18 +82,19 @@ def gateway(tmp_path: Path) -> Iterator[LedgeProcess]:
     acl.write_text(ACL)
     acl.chmod(0o600)
     config = tmp_path / "ledge.toml"
-    config.write_text(
-        f'[auth]\nacl_file = "{acl}"\n'
-        "[[bridges]]\n"
-        'name = "cloud"\n'
-        f'address = "127.0.0.1:{free_port()}"\n'  # nobody listens: the outbox only fills
-        "reconnect_min = 5.0\nreconnect_max = 5.0\n"
-        'outbox = { max_messages = 1, when_full = "refuse" }\n'
-        '[[bridges.rules]]\nfilter = "t/#"\n'
-    )
-    proc = LedgeProcess(config=config).start()
-    yield proc
-    assert proc.stop() == 0
+    with dead_port() as dead:  # nobody listens: the outbox only fills
+        config.write_text(
+            f'[auth]\nacl_file = "{acl}"\n'
+            "[[bridges]]\n"
+            'name = "cloud"\n'
+            f'address = "127.0.0.1:{dead}"\n'
+            "reconnect_min = 5.0\nreconnect_max = 5.0\n"
+            'outbox = { max_messages = 1, when_full = "refuse" }\n'
+            '[[bridges.rules]]\nfilter = "t/#"\n'
+        )
+        proc = LedgeProcess(config=config).start()
+        yield proc
+        assert proc.stop() == 0
 
 
 def test_acl_denial_wins_over_a_full_outbox_over_sockets(gateway: LedgeProcess) -> None:

@@ -6,6 +6,7 @@ them; every wait has a deadline.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from tests.support.wait import wait_for
@@ -22,11 +24,35 @@ REPO = Path(__file__).resolve().parents[2]
 _LISTENING = re.compile(r"listening on ([0-9.]+):(\d+)")
 
 
+#: Ports handed out by ``free_port``: below the kernel's ephemeral range (32768 up),
+#: so no outgoing connection takes one, and a slice of its own per test worker
+#: (pytest-xdist's gw0, gw1 ...), so two workers never hand out the same port.
+_PORT_SLICE = 2000
+_PORT_BASE = 12000 + _PORT_SLICE * int(os.environ.get("PYTEST_XDIST_WORKER", "gw-1")[2:])
+_next_port = [0]
+
+
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 nobody listens on now, from this worker's slice."""
+    for _ in range(_PORT_SLICE):
+        port = _PORT_BASE + _PORT_SLICE + _next_port[0] % _PORT_SLICE
+        _next_port[0] += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use, or still in TIME_WAIT
+            return port
+    raise RuntimeError(f"no free port in {_PORT_BASE + _PORT_SLICE}+{_PORT_SLICE}")
+
+
+@contextlib.contextmanager
+def dead_port() -> Iterator[int]:
+    """A port that refuses connections for as long as the block runs: bound, never
+    listening, so no other process can start listening there meanwhile."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        s.bind(("127.0.0.1", free_port()))
+        yield s.getsockname()[1]
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
