@@ -1037,6 +1037,22 @@ def test_refusals_are_logged_once_per_address_a_minute(caplog: pytest.LogCapture
     assert h.gateway.stats.clients_refused == 136
 
 
+def test_a_will_refused_at_connack_gives_back_its_place_among_the_connecting() -> None:
+    """A CONNECT whose Will is refused at the end of the prompts ends its CONNECT
+    once: ``max_connecting`` holds for the CONNECTs that follow, however many were
+    refused before."""
+    h = SnHarness(max_connecting=2, connect_timeout=5)
+    for i in range(5):
+        refused = h.device(("10.0.0.3", i)).connect(f"r{i}", will=("$SYS/x", b"", 0, False))
+        assert refused.return_code == ReturnCode.NOT_SUPPORTED
+    assert h.gateway.connecting == 0
+    for i in range(2):
+        h.device(("10.0.0.4", i)).send(Connect(f"w{i}", 60, will=True))
+    third = h.device(("10.0.0.4", 9))
+    third.send(Connect("w9", 60, will=True))
+    assert third.expect(ConnAck) == ConnAck(ReturnCode.CONGESTION)
+
+
 def test_malformed_datagrams_are_counted_and_the_client_keeps_working() -> None:
     h = SnHarness()
     dev = h.device()

@@ -898,6 +898,12 @@ class MqttSnSource:
             st.malformed,
         )
         yield counter(
+            "ledge_mqttsn_packets_without_connection_total",
+            "MQTT-SN messages that need a connection from a sender without one (answered"
+            " DISCONNECT: after a gateway restart, or a wake from elsewhere).",
+            st.not_connected,
+        )
+        yield counter(
             "ledge_mqttsn_retransmissions_total",
             "Messages sent to devices again (Tretry).",
             st.retransmissions,

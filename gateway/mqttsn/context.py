@@ -72,8 +72,11 @@ class Context:
         self.connecting = 0
         self.connect_rate = TokenBucket(settings.max_connect_rate, now)
         self.connect_rate_by_source = SourceBuckets(settings.max_connect_rate_per_address)
-        #: Refusals and unreadable input: one line per source a minute.
+        #: Refusals and unreadable input: one line per source and kind a minute.
         self.refusals = RateLimitedLog(log)
+        #: Refused PUBLISH, SUBSCRIBE and REGISTER, the same way, at level INFO: QoS -1
+        #: needs no connection, so any source could otherwise fill the log.
+        self.message_refusals = RateLimitedLog(log, level=logging.INFO)
         self.stats = SnStats()
         self.predefined = dict(settings.predefined_topics)
         self.predefined_ids = {name: tid for tid, name in self.predefined.items()}

@@ -134,11 +134,12 @@ def _resume(ctx: Context, client: SnClient, key: Key, packet: Connect, now: floa
 def _accept(ctx: Context, client: SnClient, now: float) -> None:
     """The CONNECT is complete: the client is active (CONNACK accepted), unproven
     until it is heard from again."""
-    if client.state is State.CONNECTING:
-        ctx.connecting -= 1
     if client.will is not None and _will_refused(ctx, client, client.will.topic):
         why = f"not authorized to publish its will on {client.will.topic!r}"
+        # Forgetting it ends its CONNECT, and its place in ``max_connecting``.
         raise Refused(ReturnCode.NOT_SUPPORTED, client.client_id, why, ending=client)
+    if client.state is State.CONNECTING:
+        ctx.connecting -= 1
     if client.proxy is None:
         client.proxy = ProxyClient(
             ctx.broker, client.client_id, client.receive, acl=ctx.acl, now=now

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from gateway.broker.proxy import ProxyClient
 from gateway.mqttsn import output, registry, sessions
-from gateway.mqttsn.addresses import where
+from gateway.mqttsn.addresses import log_source, where
 from gateway.mqttsn.codec import encode, encode_ack
 from gateway.mqttsn.context import Context, SnClient, log
 from gateway.mqttsn.packets import (
@@ -98,7 +98,14 @@ def publish(
     refused = proxy.refusal(topic, qos, retain, len(data))
     if refused is not None:
         stats.publish_refused += 1
-        log.info("client %r: PUBLISH on %r refused: %s", client.client_id, topic, refused.reason)
+        ctx.message_refusals(
+            now,
+            log_source(client.key),
+            "client %r: PUBLISH on %r refused: %s",
+            client.client_id,
+            topic,
+            refused.reason,
+        )
         if qos:
             output.send(ctx, client, PubAck(topic_id, msg_id, RETURN_CODES[refused.kind]))
         return
@@ -132,12 +139,20 @@ def _publish_qos_minus_one(ctx: Context, key: Key, packet: Publish, now: float) 
         return
     if packet.topic_id_type not in (TopicIdType.PREDEFINED, TopicIdType.SHORT):
         stats.publish_refused += 1
-        log.info("%s: QoS -1 PUBLISH with a normal topic id dropped", where(key))
+        ctx.message_refusals(
+            now, log_source(key), "%s: QoS -1 PUBLISH with a normal topic id dropped", where(key)
+        )
         return
     topic = registry.topic_of(ctx, None, packet.topic_id_type, packet.topic_id)
     if topic is None:
         stats.publish_refused += 1
-        log.info("%s: QoS -1 PUBLISH to unknown topic id %d", where(key), packet.topic_id)
+        ctx.message_refusals(
+            now,
+            log_source(key),
+            "%s: QoS -1 PUBLISH to unknown topic id %d",
+            where(key),
+            packet.topic_id,
+        )
         return
     client = ctx.by_key.get(key)
     proxy = client.proxy if client is not None and client.proxy is not None else None

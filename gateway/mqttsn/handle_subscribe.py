@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from gateway.mqtt.topics import has_wildcard
 from gateway.mqttsn import delivery, output, registry, sessions
-from gateway.mqttsn.context import Context, log
+from gateway.mqttsn.addresses import log_source
+from gateway.mqttsn.context import Context
 from gateway.mqttsn.packets import ReturnCode, SubAck, Subscribe, TopicIdType, UnsubAck, Unsubscribe
 from gateway.mqttsn.state import RETURN_CODES, Key
 
@@ -42,8 +43,13 @@ def handle_subscribe(ctx: Context, key: Key, packet: Subscribe, now: float) -> N
     finally:
         client.holding = False
     if refused is not None:
-        log.info(
-            "client %r: SUBSCRIBE %r refused: %s", client.client_id, topic_filter, refused.reason
+        ctx.message_refusals(
+            now,
+            log_source(client.key),
+            "client %r: SUBSCRIBE %r refused: %s",
+            client.client_id,
+            topic_filter,
+            refused.reason,
         )
         output.send(ctx, client, SubAck(topic_id, msg_id, RETURN_CODES[refused.kind]))
         return

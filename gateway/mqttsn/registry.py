@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from gateway.mqtt.topics import has_wildcard, topic_name_error
 from gateway.mqttsn import output, sessions
-from gateway.mqttsn.context import Context, SnClient, log
+from gateway.mqttsn.addresses import log_source
+from gateway.mqttsn.context import Context, SnClient
 from gateway.mqttsn.packets import (
     RESERVED_TOPIC_IDS,
     RegAck,
@@ -30,7 +31,13 @@ def handle_register(ctx: Context, key: Key, packet: Register, now: float) -> Non
     client = sessions.connected(ctx, key, packet, now)
     name = packet.topic_name
     if topic_name_error(name):
-        log.info("client %r: REGISTER of bad topic %r refused", client.client_id, name)
+        ctx.message_refusals(
+            now,
+            log_source(client.key),
+            "client %r: REGISTER of bad topic %r refused",
+            client.client_id,
+            name,
+        )
         output.send(ctx, client, RegAck(0, packet.msg_id, ReturnCode.NOT_SUPPORTED))
         return
     topic_id = assign(ctx, client, name)
@@ -50,7 +57,9 @@ def assign(ctx: Context, client: SnClient, name: str) -> int | None:
         return topic_id
     if len(ids) >= ctx.settings.max_topics_per_client:
         ctx.stats.dropped_topic_table += 1
-        log.warning(
+        ctx.refusals(
+            ctx.now,
+            log_source(client.key),
             "client %r: topic table full (%d topics): %r not registered",
             client.client_id,
             len(ids),

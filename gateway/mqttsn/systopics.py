@@ -34,6 +34,7 @@ def values(ctx: Context) -> dict[str, str]:
         "messages/sent": st.messages_sent,
         "messages/malformed": st.malformed,
         "messages/retransmitted": st.retransmissions,
+        "messages/without connection": st.not_connected,
         "publish/qos -1": st.qos_minus_one,
         "publish/refused": st.publish_refused,
         "publish/dropped/queue full": st.dropped_queue_full,
