@@ -81,7 +81,9 @@ def test_a_connection_flood_never_locks_clients_out(
         flood.open(SILENT, SLOWLORIS)
         assert flood.failed == 0, f"{flood.failed} flood connections could not even open"
         took = probe(gateway.port)  # from 127.0.0.1, like the first flood
-        assert took < 3.0, f"a normal client needed {took:.2f} s under the flood"
+        # Locked out, it would wait for ever (the probe gives up at its deadline); served,
+        # it takes milliseconds (make bench-flood measures it); 10 s holds under load.
+        assert took < 10.0, f"a normal client needed {took:.2f} s under the flood"
         assert subscribers.receiving() == SUBSCRIBERS
         # The flood holds no more than its budget, 32 per address and 256 in all, once
         # the newest sockets' grace (1 s) is over.

@@ -233,12 +233,12 @@ def test_truncated_connect_is_closed_at_the_connect_deadline(hostile: LedgeProce
     c = Raw(hostile.port)
     try:
         start = time.monotonic()
-        packets = c.send(CONNECT5[: len(CONNECT5) // 2]).until_closed(CONNECT_TIMEOUT + 5)
+        packets = c.send(CONNECT5[: len(CONNECT5) // 2]).until_closed(CONNECT_TIMEOUT * 4)
         took = time.monotonic() - start
     finally:
         c.close()
     assert packets == []
-    assert CONNECT_TIMEOUT - 0.2 <= took < CONNECT_TIMEOUT + 3, took
+    assert CONNECT_TIMEOUT - 0.2 <= took < CONNECT_TIMEOUT * 4, took
 
 
 def test_idle_connections_that_never_send_connect_are_closed_at_the_deadline(
@@ -248,13 +248,13 @@ def test_idle_connections_that_never_send_connect_are_closed_at_the_deadline(
     start = time.monotonic()
     try:
         for sock in socks:
-            sock.settimeout(max(0.01, start + CONNECT_TIMEOUT + 5 - time.monotonic()))
+            sock.settimeout(max(0.01, start + CONNECT_TIMEOUT * 4 - time.monotonic()))
             assert sock.recv(16) == b""
         took = time.monotonic() - start
     finally:
         for sock in socks:
             sock.close()
-    assert CONNECT_TIMEOUT - 0.2 <= took < CONNECT_TIMEOUT + 3, took
+    assert CONNECT_TIMEOUT - 0.2 <= took < CONNECT_TIMEOUT * 4, took
     hostile.wait_log(r"no CONNECT within 2 s")
 
 
@@ -267,7 +267,7 @@ def test_slowloris_sending_a_byte_at_a_time_is_closed_at_the_connect_deadline(
     sent = 0
     try:
         sock.settimeout(0.5)  # the attacker's pace: one byte per half second
-        while time.monotonic() - start < CONNECT_TIMEOUT + 5:
+        while time.monotonic() - start < CONNECT_TIMEOUT * 5:  # longer than the bound below
             try:
                 sock.send(CONNECT5[sent : sent + 1])
             except (BrokenPipeError, ConnectionResetError):
@@ -282,7 +282,7 @@ def test_slowloris_sending_a_byte_at_a_time_is_closed_at_the_connect_deadline(
     finally:
         sock.close()
     assert sent < len(CONNECT5)  # it never finished its CONNECT
-    assert CONNECT_TIMEOUT - 0.2 <= took < CONNECT_TIMEOUT + 3, took
+    assert CONNECT_TIMEOUT - 0.2 <= took < CONNECT_TIMEOUT * 4, took
 
 
 def test_connection_flood_past_the_limit_is_refused_and_connected_clients_are_served(

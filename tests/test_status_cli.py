@@ -88,7 +88,7 @@ def test_status_watch_prints_frames_until_interrupted(tmp_path: Path) -> None:
         reader.start()
         wait_for(lambda: len(frames) >= 3, 15, "three frames")
         watch.send_signal(signal.SIGINT)
-        assert watch.wait(10) == 0
+        assert watch.wait(30) == 0
         reader.join(5)
         assert watch.stdout is not None
         watch.stdout.close()

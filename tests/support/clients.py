@@ -15,6 +15,11 @@ from paho.mqtt.reasoncodes import ReasonCode as PahoReasonCode
 
 from tests.support.wait import wait_for
 
+#: How long a reply from the broker (CONNACK, SUBACK, an acknowledgement) may take: a
+#: deadline, not a delay, so only a loaded machine (several test workers, a refused
+#: login's delay) ever comes near it.
+REPLY_DEADLINE = 15.0
+
 
 @dataclass
 class Received:
@@ -133,7 +138,7 @@ class Paho:
         else:
             self.client.connect("127.0.0.1", self.port, keepalive)
         self.client.loop_start()
-        wait_for(lambda: self.connack is not None, 5, f"CONNACK for {self.client_id}")
+        wait_for(lambda: self.connack is not None, REPLY_DEADLINE, f"CONNACK for {self.client_id}")
         return self
 
     def subscribe(self, topic: str, qos: int = 0, **options: Any) -> list[int]:
@@ -144,7 +149,7 @@ class Paho:
             self.client.subscribe(topic, options=SubscribeOptions(qos=qos, **options))
         else:
             self.client.subscribe(topic, qos)
-        wait_for(lambda: len(self.subacks) > before, 5, f"SUBACK for {topic}")
+        wait_for(lambda: len(self.subacks) > before, REPLY_DEADLINE, f"SUBACK for {topic}")
         return self.subacks[before]
 
     def publish(
@@ -179,7 +184,7 @@ class Paho:
             return 0
         info.wait_for_publish(5)
         assert info.is_published(), f"no acknowledgement for {topic}"
-        return wait_for(lambda: self.acks.get(info.mid, -1) + 1, 5, "ack code") - 1
+        return wait_for(lambda: self.acks.get(info.mid, -1) + 1, REPLY_DEADLINE, "ack code") - 1
 
     def wait_messages(self, count: int, timeout: float = 5.0) -> list[Received]:
         wait_for(
