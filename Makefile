@@ -1,10 +1,14 @@
 # Convenience targets; each sets up what it needs first (scripts/setup).
 ITERATIONS ?= 200
+CUTS ?= 1000
 PIPELINE_LINES ?= 250000 1000000 4000000
 FUZZ_SECONDS ?= 600
 MUTATE ?=
 
-.PHONY: run test provision-test bench bench-quick bench-serial bench-ble bench-bridge bench-metrics bench-flood bench-mqttsn crash-test pipeline-bench fuzz mutate
+help:           ## list the targets
+	@grep -E '^[a-z-]+: +## ' Makefile | sed -E 's/: +## /\t/' | expand -t 16
+
+.PHONY: help run test provision-test bench bench-quick bench-serial bench-ble bench-bridge bench-metrics bench-flood bench-mqttsn bench-wear crash-test power-test pipeline-bench fuzz mutate
 
 run:            ## start the gateway on the embedded default config
 	scripts/run
@@ -26,6 +30,10 @@ crash-test:     ## kill -9 Ledge ITERATIONS times under QoS 1/2 load and check n
 	scripts/setup --test
 	.venv/bin/python -m tests.support.crash --iterations $(ITERATIONS)
 
+power-test:     ## cut the power under Ledge CUTS times (data_dir on a lossy FUSE file system, QoS 1/2 load, a bridge to a Mosquitto that comes and goes) and check nothing acknowledged is lost (~40 min)
+	scripts/setup --test
+	.venv/bin/python -m tests.support.power --cuts $(CUTS)
+
 bench-serial:   ## sustained line rate of one serial device (a pty) into Ledge, CPU per reading
 	scripts/setup --test
 	.venv/bin/python -m bench.serial
@@ -37,6 +45,10 @@ bench-ble:      ## BLE decoders beside the PyPI reference decoders; 50 devices e
 bench-bridge:   ## the bridge's outbox during an outage and its replay to Mosquitto (100,000 messages)
 	scripts/setup --test
 	.venv/bin/python -m bench.bridge
+
+bench-wear:     ## bytes and 4 KiB pages the store writes per acknowledged QoS 1 message at 10, 100, 1,000 msg/s, durability power and process (~4 min)
+	scripts/setup --test
+	.venv/bin/python -m bench.wear
 
 bench-metrics:  ## gateway time per /metrics, /api/status and / scrape at 1,000 clients and 10,000 subscriptions
 	scripts/setup --test

@@ -22,6 +22,7 @@ from gateway.broker.journal import (
     Journal,
     Op,
     RemoveEntry,
+    SetMeta,
     StoreMessage,
 )
 from gateway.mqtt import (
@@ -407,6 +408,35 @@ def test_acknowledged_messages_leave_the_store(durable: Durable) -> None:
     db = sqlite3.connect(durable.directory / FILENAME)
     assert db.execute("SELECT count(*) FROM queue").fetchone()[0] == 0
     assert db.execute("SELECT count(*) FROM messages").fetchone()[0] == 0
+    db.close()
+
+
+# --------------------------------------------------------------------------- group commit
+
+
+def test_group_commit_commits_a_lone_change_at_once_and_groups_what_follows(
+    tmp_path: Path,
+) -> None:
+    """``store.commit_interval``: the first change after a quiet spell is committed at
+    once; what comes within the interval after a commit waits for the next one, which
+    takes all of it; closing the store commits what waits without waiting."""
+    store = Store(tmp_path, StoreSettings(commit_interval=60.0))
+    store.open()
+    committed: queue.Queue[int] = queue.Queue()
+    store.start(lambda fn, *args: fn(*args), committed.put, pytest.fail)
+    try:
+        store.submit(1, [SetMeta("k", "1")], 0.0)
+        assert committed.get(timeout=10) == 1  # not the 60 s of the interval
+        store.submit(2, [SetMeta("k", "2")], 0.0)
+        store.submit(3, [SetMeta("k", "3")], 0.0)
+        with pytest.raises(queue.Empty):  # within the interval: nothing committed
+            committed.get(timeout=0.5)
+    finally:
+        store.close()  # the stop commits them (one transaction) at once
+    assert committed.get_nowait() == 3
+    assert store.commits == 2
+    db = sqlite3.connect(tmp_path / FILENAME)
+    assert db.execute("SELECT value FROM meta WHERE key = 'k'").fetchone() == ("3",)
     db.close()
 
 

@@ -20,6 +20,9 @@ class StoreSettings:
     on_corrupt: Literal["refuse", "move-aside"] = option("refuse")
     #: 0: only the disk limits it.
     max_bytes: int = option(0, ge=0, le=MAX_STORE_BYTES)
+    #: Seconds between the starts of two commits at most once (group commit): what
+    #: arrives meanwhile waits and goes in the next one. 0: commit as soon as possible.
+    commit_interval: float = option(0.1, ge=0, le=10.0)
     #: Seconds between attempts when the store is full.
     retry_interval: float = option(1.0, internal=True)
 

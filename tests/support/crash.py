@@ -41,6 +41,11 @@ PROPERTY = "crash-publisher"
 #: Publishers that send properties, and the one that publishes retained messages.
 WITH_PROPERTIES = ("p4",)
 RETAINED = "r1"
+#: The publisher of retained changes, and over how many topics (the power-cut rig).
+CHANGES = "rc"
+CHANGE_TOPICS = 4
+#: The user property carrying the number of a clear (an empty payload has no room).
+SEQ_PROPERTY = "crash-seq"
 
 
 def _keep_pubrel_state_across_reconnect_attempts() -> None:
@@ -104,12 +109,29 @@ class Publisher:
     retain: bool = False
     #: MQTT 5.0 properties on every message (the general path, not the plain fast path).
     properties: bool = False
+    #: Retained changes spread over this many topics (``crash/NAME/K``; 1: ``crash/NAME``)...
+    topics: int = 1
+    #: ... and every this many an empty payload: the topic's retained message cleared
+    #: (0: never). A clear carries its number in the user property ``crash-seq``.
+    clear_every: int = 0
     sent: int = 0
     acked: set[int] = field(default_factory=set)
     mids: dict[int, int] = field(default_factory=dict)
     early: set[int] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
+
+    def topic(self, seq: int) -> str:
+        if self.topics == 1:
+            return f"{TOPIC}/{self.name}"
+        return f"{TOPIC}/{self.name}/{seq % self.topics}"
+
+    def is_clear(self, seq: int) -> bool:
+        return self.clear_every > 0 and seq % self.clear_every == 0
+
+    def payload(self, seq: int) -> bytes:
+        """What message ``seq`` carries (empty: it clears its topic's retained message)."""
+        return b"" if self.is_clear(seq) else f"{self.name}:{seq}".encode()
 
     def start(self) -> None:
         self.client = _client(f"crash-{self.name}", self.version)
@@ -148,12 +170,11 @@ class Publisher:
                 props = Properties(PacketTypes.PUBLISH)
                 props.UserProperty = (PROPERTY, self.name)
                 props.ContentType = "text/plain"
+            elif self.is_clear(seq) and self.version == 5:
+                props = Properties(PacketTypes.PUBLISH)
+                props.UserProperty = (SEQ_PROPERTY, str(seq))
             info = self.client.publish(
-                f"{TOPIC}/{self.name}",
-                f"{self.name}:{seq}".encode(),
-                self.qos,
-                self.retain,
-                properties=props,
+                self.topic(seq), self.payload(seq), self.qos, self.retain, properties=props
             )
             with self.lock:
                 if info.mid in self.early:
@@ -175,6 +196,8 @@ class Subscriber:
     qos: int
     version: int
     port: int
+    #: What it subscribes to (the bridge's upstream subscriber: the remote prefix).
+    topic_filter: str = f"{TOPIC}/#"
     received: list[tuple[str, int]] = field(default_factory=list)
     #: Messages that should have carried properties and came without them.
     stripped: list[tuple[str, int]] = field(default_factory=list)
@@ -191,10 +214,18 @@ class Subscriber:
 
     def _on_connect(self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any) -> None:
         if not flags.session_present:
-            client.subscribe(f"{TOPIC}/#", self.qos)
+            client.subscribe(self.topic_filter, self.qos)
 
     def _on_message(self, client: Any, userdata: Any, msg: mqtt.MQTTMessage) -> None:
-        name, _, seq = bytes(msg.payload).decode().partition(":")
+        if not msg.payload:  # a clear: the publisher is named in the topic
+            levels = msg.topic.split("/")
+            name = levels[levels.index(TOPIC) + 1]
+            users = getattr(getattr(msg, "properties", None), "UserProperty", None) or []
+            seq = next((v for k, v in users if k == SEQ_PROPERTY), None)
+            if seq is None:
+                return  # MQTT 3.1.1: a clear cannot be told from another
+        else:
+            name, _, seq = bytes(msg.payload).decode().partition(":")
         with self.lock:
             self.received.append((name, int(seq)))
             if name in WITH_PROPERTIES and self.version == 5:
@@ -226,12 +257,143 @@ def _retained_seq(port: int) -> int | None:
 
 
 @dataclass
+class Load:
+    """The crash harness's clients on one broker port: persistent subscribers at QoS 1
+    and 2 (MQTT 5.0 and 3.1.1) and publishers of every kind, with the accounting of
+    what was acknowledged and what arrived. The power-cut rig (``tests.support.power``)
+    runs the same load."""
+
+    port: int
+    #: Add a publisher of retained changes over several topics, a third of them clears.
+    retained_changes: bool = False
+    subscribers: list[Subscriber] = field(init=False)
+    publishers: list[Publisher] = field(init=False)
+
+    def __post_init__(self) -> None:
+        port = self.port
+        self.subscribers = [
+            Subscriber("s1", 1, 5, port),
+            Subscriber("s2", 2, 5, port),
+            Subscriber("s3", 2, 4, port),
+        ]
+        self.publishers = [
+            Publisher("p1", 1, 5, port),
+            Publisher("p2", 2, 5, port),
+            Publisher("p3", 2, 4, port),
+            Publisher("p4", 2, 5, port, properties=True),
+            Publisher(RETAINED, 1, 5, port, retain=True),
+        ]
+        if self.retained_changes:
+            self.publishers.append(
+                Publisher(CHANGES, 1, 5, port, retain=True, topics=CHANGE_TOPICS, clear_every=3)
+            )
+
+    def start(self, *extra: Subscriber) -> None:
+        """Subscribers first (``extra`` too), then the publishers."""
+        for s in [*self.subscribers, *extra]:
+            s.start()
+        wait_for(
+            lambda: all(s.subscribed.is_set() for s in [*self.subscribers, *extra]),
+            10,
+            "subscriptions",
+        )
+        for p in self.publishers:
+            p.start()
+
+    def finish(self, timeout: float) -> dict[str, set[int]]:
+        """Stop publishing and wait until everything sent is acknowledged; returns the
+        acknowledged numbers per publisher."""
+        for p in self.publishers:
+            p.finish(timeout)
+        return {p.name: set(p.acked) for p in self.publishers}
+
+    def wait_delivered(
+        self, subscribers: list[Subscriber], expected: dict[str, set[int]], timeout: float
+    ) -> None:
+        """Wait (up to ``timeout``) until every acknowledged message reached every one
+        of ``subscribers``; what is still missing then is reported by ``check``."""
+
+        def complete() -> bool:
+            for s in subscribers:
+                with s.lock:
+                    have = set(s.received)
+                for p in self.publishers:
+                    for q in expected[p.name]:
+                        if (p.name, q) not in have and self._identifiable(p, s, q):
+                            return False
+            return True
+
+        with contextlib.suppress(AssertionError):  # reported by check, message by message
+            wait_for(complete, timeout, "every acknowledged message at every subscriber")
+
+    @staticmethod
+    def _identifiable(p: Publisher, s: Subscriber, seq: int) -> bool:
+        """A clear reaches an MQTT 3.1.1 subscriber without its number (no properties)."""
+        return s.version == 5 or not p.is_clear(seq)
+
+    def check(
+        self,
+        subscribers: list[Subscriber],
+        expected: dict[str, set[int]],
+        exactly_once: bool = True,
+    ) -> tuple[int, int, list[str]]:
+        """``(deliveries checked, duplicates, problems)``: every acknowledged message
+        at every subscriber, first arrivals in order per publisher, QoS 2 end to end
+        exactly once (unless ``exactly_once`` is off: a QoS 1 hop in between)."""
+        problems: list[str] = []
+        checked = duplicates = 0
+        for s in subscribers:
+            with s.lock:
+                received = list(s.received)
+                problems.extend(
+                    f"{s.name}: {n}:{q} arrived without its properties" for n, q in s.stripped
+                )
+            counts = Counter(received)
+            for p in self.publishers:
+                firsts = [q for (n, q) in dict.fromkeys(received) if n == p.name]
+                if firsts != sorted(firsts):
+                    problems.append(f"{s.name}: messages of {p.name} out of order")
+                once = exactly_once and p.qos == 2 and s.qos == 2
+                for q in expected[p.name]:
+                    if not self._identifiable(p, s, q):
+                        continue
+                    checked += 1
+                    n = counts[(p.name, q)]
+                    duplicates += max(0, n - 1)
+                    if n == 0:
+                        problems.append(f"{s.name}: {p.name}:{q} acknowledged but never delivered")
+                    elif once and n > 1:
+                        problems.append(f"{s.name}: {p.name}:{q} delivered {n} times at QoS 2")
+        return checked, duplicates, problems
+
+    def close(self, *extra: Subscriber) -> None:
+        clients = [p.client for p in self.publishers if hasattr(p, "client")]
+        clients += [s.client for s in [*self.subscribers, *extra] if hasattr(s, "client")]
+        for client in clients:
+            client.loop_stop()
+            client.disconnect()
+            # paho's wake-up socket pair, closed now: each client sits in a reference
+            # cycle (its callbacks are methods of the object holding it), and the
+            # collector may finalize the pair before paho closes it ("unclosed socket")
+            client._reset_sockets()
+
+
+@dataclass
 class Report:
     iterations: int
     published: int
     acknowledged: int
     checked: int
     problems: list[str]
+
+
+def write_config(path: Path, durability: str, extra: str = "") -> None:
+    # Queues big enough for subscribers that fall behind while the broker restarts: the
+    # guarantee holds within the queue bounds (beyond them the drop policy applies).
+    path.write_text(
+        f'[store]\ndurability = "{durability}"\n'
+        "[broker]\nmax_queued_messages = 1000000\nmax_queued_bytes = 1000000000\n" + extra
+    )
 
 
 def run(
@@ -241,92 +403,35 @@ def run(
     port = free_port()
     data = directory / "data"
     config = directory / "crash.toml"
-    # Queues big enough for subscribers that fall behind while the broker restarts: the
-    # guarantee holds within the queue bounds (beyond them the drop policy applies).
-    config.write_text(
-        f'[store]\ndurability = "{durability}"\n'
-        "[broker]\nmax_queued_messages = 1000000\nmax_queued_bytes = 1000000000\n"
-    )
+    write_config(config, durability)
     args = ("--data-dir", str(data))
 
     def launch() -> LedgeProcess:
         return LedgeProcess(*args, config=config, port=port).start()
 
     broker = launch()
-    subscribers = [
-        Subscriber("s1", 1, 5, port),
-        Subscriber("s2", 2, 5, port),
-        Subscriber("s3", 2, 4, port),
-    ]
-    for s in subscribers:
-        s.start()
-    wait_for(lambda: all(s.subscribed.is_set() for s in subscribers), 10, "subscriptions")
-    publishers = [
-        Publisher("p1", 1, 5, port),
-        Publisher("p2", 2, 5, port),
-        Publisher("p3", 2, 4, port),
-        Publisher("p4", 2, 5, port, properties=True),
-        Publisher(RETAINED, 1, 5, port, retain=True),
-    ]
-    for p in publishers:
-        p.start()
+    load = Load(port)
     try:
+        load.start()
         for _ in range(iterations):
             time.sleep(rnd.uniform(0.2, 0.9))  # run for a while, then the kill at a random moment
             broker.kill()
             broker = launch()
-        for p in publishers:
-            p.finish(60)
-        expected = {p.name: set(p.acked) for p in publishers}
-
-        def complete() -> bool:
-            for s in subscribers:
-                with s.lock:
-                    have = {(n, q) for n, q in s.received}
-                for name, seqs in expected.items():
-                    if any((name, q) not in have for q in seqs):
-                        return False
-            return True
-
-        with contextlib.suppress(AssertionError):  # reported below, message by message
-            wait_for(complete, 60, "every acknowledged message at every subscriber")
+        expected = load.finish(60)
+        load.wait_delivered(load.subscribers, expected, 60)
         kept = _retained_seq(port)
     finally:
-        for client in [p.client for p in publishers] + [s.client for s in subscribers]:
-            client.loop_stop()
-            client.disconnect()
-            # paho's wake-up socket pair, closed now: each client sits in a reference
-            # cycle (its callbacks are methods of the object holding it), and the
-            # collector may finalize the pair before paho closes it ("unclosed socket")
-            client._reset_sockets()
+        load.close()
         broker.stop()
     problems: list[str] = []
     last = max(expected[RETAINED], default=0)
     if kept is None or kept < last:
         problems.append(f"retained: the store holds {kept}, acknowledged up to {last}")
-    checked = 0
-    for s in subscribers:
-        with s.lock:
-            received = list(s.received)
-            problems.extend(
-                f"{s.name}: {n}:{q} arrived without its properties" for n, q in s.stripped
-            )
-        counts = Counter(received)
-        for p in publishers:
-            firsts = [q for (n, q) in dict.fromkeys(received) if n == p.name]
-            if firsts != sorted(firsts):
-                problems.append(f"{s.name}: messages of {p.name} out of order")
-            exactly_once = p.qos == 2 and s.qos == 2
-            for q in expected[p.name]:
-                checked += 1
-                n = counts[(p.name, q)]
-                if n == 0:
-                    problems.append(f"{s.name}: {p.name}:{q} acknowledged but never delivered")
-                elif exactly_once and n > 1:
-                    problems.append(f"{s.name}: {p.name}:{q} delivered {n} times at QoS 2")
+    checked, _, found = load.check(load.subscribers, expected)
+    problems += found
     return Report(
         iterations=iterations,
-        published=sum(p.sent for p in publishers),
+        published=sum(p.sent for p in load.publishers),
         acknowledged=sum(len(v) for v in expected.values()),
         checked=checked,
         problems=problems,
