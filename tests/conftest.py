@@ -139,7 +139,13 @@ def _stopped(session: SparkSession) -> bool:
         return True
 
 
+#: Why the tests of a group would not run together (pytest_collection_finish), if so.
+_ungrouped: list[str] = []
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    if _ungrouped and item.get_closest_marker("xdist_group") is not None:
+        pytest.fail(_ungrouped[0], pytrace=False)
     watch = _spark_watch
     if watch.stopped_during and "spark" in getattr(item, "fixturenames", ()):
         pytest.fail(
@@ -181,6 +187,21 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
+    if getattr(session.config.option, "loadgroup", False):
+        # A worker of ``--dist loadgroup``: pytest-xdist has appended each test's group to
+        # its id, which is all the controller schedules by. If it could not (a pytest it
+        # does not know), the groups would be spread over every worker: several VMs at
+        # once on two cores, a JVM per worker. Each grouped test then fails, saying why.
+        lost = [
+            item.nodeid
+            for item in session.items
+            if item.get_closest_marker("xdist_group") is not None and "@" not in item.nodeid
+        ]
+        if lost:
+            _ungrouped.append(
+                f"pytest-xdist did not group {len(lost)} tests (e.g. {lost[0]}): pytest "
+                f"{pytest.__version__} is not one it supports; see pyproject.toml"
+            )
     if any(item.get_closest_marker("image") for item in session.items):
         from tests.support import imagebuild
 
