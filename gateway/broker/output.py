@@ -76,10 +76,15 @@ def send(ctx: Context, conn: Connection, packet: Packet) -> None:
 
 def mark_closing(ctx: Context, conn: Connection) -> None:
     """List ``conn`` for the shell even without output: it is to be closed."""
-    conn.held = None  # output waiting for the store goes with the connection
     if not conn.in_dirty:
         conn.in_dirty = True
         ctx.dirty.append(conn)
+
+
+def drop_held(conn: Connection) -> None:
+    """Output held for the store does not go out: the connection ends, or what it is
+    told now (a DISCONNECT) must not wait behind it."""
+    conn.held = None
 
 
 def release(ctx: Context, upto: int) -> None:

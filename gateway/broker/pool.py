@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from typing import Final
 
-from gateway.broker import closing, sessions
+from gateway.broker import closing
 from gateway.broker.auth import ListenerPolicy
 from gateway.broker.context import Context
 from gateway.broker.logins import address_key
@@ -66,9 +66,9 @@ def open_connection(
 
 def connection_closed(ctx: Context, conn: Connection, now: float) -> None:
     """The transport of ``conn`` is gone (peer closed, reset, or our close completed):
-    what ``closing.close`` did not do yet is done, and its slot goes back to the pool
-    -- unless it was evicted (its slot was replaced at once) or was an overflow slot
-    (those are not pooled)."""
+    it is torn down (``closing.teardown``: nothing more after ``closing.close``), and
+    its slot goes back to the pool -- unless it was evicted (its slot was replaced at
+    once) or was an overflow slot (those are not pooled)."""
     if conn.state is State.CLOSED:
         return
     if conn.state is State.CONNECTED:
@@ -79,13 +79,10 @@ def connection_closed(ctx: Context, conn: Connection, now: float) -> None:
             conn.label,
             conn.dropped,
         )
-    closing.cancel_timers(ctx, conn)
-    conn.held = None
-    sessions.detach(ctx, conn, now)
+    closing.teardown(ctx, conn, now)
     conn.state = State.CLOSED
     conn.handle = None
     ctx.connections.pop(conn.id, None)
-    ctx.connecting_over(conn)
     if conn.overflow:
         ctx.overflow -= 1
     elif not conn.evicted:
