@@ -118,11 +118,8 @@ class Broker(Context):
         if self.before_input is not None:
             hook, self.before_input = self.before_input, None
             hook()
-        self.begin()
-        try:
+        with self.event:
             self._received(conn, data, now)
-        finally:
-            self.end()
 
     def _received(self, conn: Connection, data: bytes, now: float) -> None:
         self.stats.bytes_received += len(data)
@@ -173,13 +170,11 @@ class Broker(Context):
     def dispatch(self, conn: Connection, packet: Packet, now: float) -> None:
         """The general path for one decoded packet: its handler; a violation it raises
         ends the connection."""
-        self.begin()
-        try:
-            self._dispatch(conn, packet, now)
-        except MQTTError as error:
-            closing.fail(self, conn, error, now)
-        finally:
-            self.end()
+        with self.event:
+            try:
+                self._dispatch(conn, packet, now)
+            except MQTTError as error:
+                closing.fail(self, conn, error, now)
 
     def _dispatch(self, conn: Connection, packet: Packet, now: float) -> None:
         if conn.state is State.NEW and type(packet) is not Connect:
@@ -202,53 +197,38 @@ class Broker(Context):
     ) -> Connection | None:
         """A new network connection in a slot of the pool, or None: close the socket at
         once (``pool.open_connection``: the admission and eviction policy)."""
-        self.begin()
-        try:
+        with self.event:
             return pool.open_connection(self, peer, listener, now, identity)
-        finally:
-            self.end()
 
     def password_checked(self, attempt: LoginAttempt, ok: bool | None, now: float) -> None:
         """The outcome of a password check handed to ``verifier`` (None: it could not
         be run, the checker is overloaded)."""
         from gateway.broker import handle_login
 
-        self.begin()
-        try:
+        with self.event:
             handle_login.login_decided(self, attempt, ok, now)
-        finally:
-            self.end()
 
     def connection_lost(self, conn: Connection, now: float) -> None:
         """The transport is gone (peer closed, reset, or our close completed): the
         slot goes back to the pool (``pool.connection_closed``)."""
         if conn.state is State.CLOSED:
             return
-        self.begin()
-        try:
+        with self.event:
             pool.connection_closed(self, conn, now)
-        finally:
-            self.end()
 
     def set_writable(self, conn: Connection, writable: bool, now: float) -> None:
         """Flow control from the transport: pause (False) or resume (True) writing."""
-        self.begin()
-        try:
+        with self.event:
             closing.set_writable(self, conn, writable, now)
             if writable and conn.session is not None and conn.state is State.CONNECTED:
                 delivery.pump(self, conn.session, now)
-        finally:
-            self.end()
 
     def next_deadline(self) -> float | None:
         return self.timers.next_deadline()
 
     def tick(self, now: float) -> None:
-        self.begin()
-        try:
+        with self.event:
             self.timers.run_due(now)
-        finally:
-            self.end()
 
     def take_dirty(self) -> list[Connection]:
         return output.take_dirty(self)
@@ -260,17 +240,13 @@ class Broker(Context):
     def batch_committed(self, upto: int) -> None:
         """The store committed every batch up to ``upto``: release the output held
         for them, in order."""
-        self.begin()
-        try:
+        with self.event:
             output.release(self, upto)
-        finally:
-            self.end()
 
     def shutdown(self, now: float) -> None:
         """Close every connection; MQTT 5 clients get DISCONNECT 0x8B (server shutting down)."""
         self.shutting_down = True
-        self.begin()
-        try:
+        with self.event:
             for conn in list(self.connections.values()):
                 if conn.state is State.CONNECTED:
                     # The clients did nothing wrong: their wills are not published.
@@ -279,18 +255,13 @@ class Broker(Context):
                     closing.fail(self, conn, going, now)
                 elif conn.state is State.NEW:
                     closing.close(self, conn, now, "server shutting down")
-        finally:
-            self.end()
 
     def set_policies(
         self, policies: dict[str, ListenerPolicy], acl: Acl | None, now: float
     ) -> None:
         """New authentication and ACLs (a reload, ``policies.apply``)."""
-        self.begin()
-        try:
+        with self.event:
             policies_.apply(self, policies, acl, now)
-        finally:
-            self.end()
 
     def adopt_session(self, session: Session, now: float) -> None:
         """Take in a session restored from the store (``sessions.adopt``)."""
@@ -314,8 +285,7 @@ class Broker(Context):
         origin: str | None = None,
     ) -> int:
         """Publish from inside the gateway (drivers, $SYS, the bridge). No TCP, no copies."""
-        self.begin()
-        try:
+        with self.event:
             return delivery.publish_local(
                 self,
                 topic,
@@ -326,5 +296,3 @@ class Broker(Context):
                 properties=properties,
                 origin=origin,
             )
-        finally:
-            self.end()

@@ -203,10 +203,7 @@ def _grace_over(arg: tuple[Context, Connection, int], now: float) -> None:
     if conn.generation != generation or conn.state is not State.NEW:
         return
     conn.timer = None
-    ctx.begin()
-    try:
+    with ctx.event:
         trim_connecting(ctx, conn, now)
         if not conn.evicted and conn.state is State.NEW:
             closing.arm_connect_deadline(ctx, conn, conn.opened_at)
-    finally:
-        ctx.end()

@@ -157,13 +157,10 @@ class ProxyClient(LocalClient):
             limit = settings.max_subscriptions_per_client
             return Refusal(f"limit of {limit} subscriptions per client", NO_ROOM)
         self.subscribe(topic_filter, qos, now, retained=False)
-        broker.begin()  # an event of the core: the shell is woken when it is over
-        try:
+        with broker.event:  # an event of the core: the shell is woken when it is over
             for msg in broker.retained.matching(topic_filter, now):
                 if rules is None or rules.can_read(msg.topic):
                     deliver(broker, self.session, msg, min(qos, msg.qos), True, (), None, now)
-        finally:
-            broker.end()
         return None
 
     # ------------------------------------------------------------------ end
@@ -177,13 +174,10 @@ class ProxyClient(LocalClient):
             self.broker.stats.publish_denied += 1
             return
         broker = self.broker
-        broker.begin()
-        try:
+        with broker.event:
             sessions.publish_will(
                 broker, Will(topic, payload, qos, retain), self.client_id, now, self.session
             )
-        finally:
-            broker.end()
 
     def close(self, now: float) -> None:
         """The device's session ends: its subscriptions go, it no longer counts as
