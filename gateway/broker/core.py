@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from gateway.broker import closing, delivery, output, pool, sessions, systopics
+from gateway.broker import closing, delivery, output, pool, publish_policy, sessions, systopics
 from gateway.broker import policies as policies_
 from gateway.broker.auth import Authenticator, ListenerPolicy
 from gateway.broker.context import Context
@@ -286,7 +286,7 @@ class Broker(Context):
     ) -> int:
         """Publish from inside the gateway (drivers, $SYS, the bridge). No TCP, no copies."""
         with self.event:
-            return delivery.publish_local(
+            return publish_policy.publish_local(
                 self,
                 topic,
                 payload,

@@ -17,7 +17,6 @@ from gateway.broker.output import publish_fits, send, write, write_publish
 from gateway.broker.state import Connection, Flow, Outgoing, Session
 from gateway.mqtt.fastpath import template_size
 from gateway.mqtt.packets import MQTT_5, MQTT_311, PubRel
-from gateway.mqtt.properties import EMPTY, Properties
 
 log = logging.getLogger("ledge.broker")
 
@@ -71,31 +70,6 @@ def publish(ctx: Context, msg: Message, now: float) -> int:
         deliver(ctx, session, msg, qos, False, (ident,) if ident else (), share, now)
         count += 1
     return count
-
-
-def publish_local(
-    ctx: Context,
-    topic: str,
-    payload: bytes,
-    now: float,
-    *,
-    qos: int = 0,
-    retain: bool = False,
-    properties: Properties = EMPTY,
-    origin: str | None = None,
-) -> int:
-    """Publish from inside the gateway (drivers, $SYS, the bridge). No TCP, no copies."""
-    msg = Message(
-        topic,
-        payload,
-        qos,
-        retain,
-        properties,
-        expiry_interval=properties.message_expiry_interval,
-        origin=origin,
-        created=now,
-    )
-    return publish(ctx, msg, now)
 
 
 def deliver(

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gateway.broker import sessions
+from gateway.broker import publish_policy, sessions
 from gateway.broker.context import Context
-from gateway.broker.delivery import deliver, publish_local
+from gateway.broker.delivery import deliver
 from gateway.broker.message import Message
 from gateway.broker.state import Session, Subscription
 from gateway.mqtt.properties import EMPTY, Properties
@@ -100,7 +100,7 @@ class LocalClient:
             raise ValueError(f"topic {topic!r}: {error}")
         ctx = self.broker
         with ctx.event:
-            return publish_local(
+            return publish_policy.publish_local(
                 ctx,
                 topic,
                 payload,
