@@ -122,3 +122,34 @@ def test_in_process_publishers_keep_the_retained_bounds_and_skip_the_rest() -> N
     assert driver.publish("x/1", b"v", h.now, qos=1) == 1
     assert got == ["x/1"]
     assert (h.broker.stats.publish_received, h.broker.stats.publish_denied) == (0, 0)
+
+
+@pytest.mark.parametrize("acl", [None, "topic readwrite open/#\n"])
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("store_full", [False, True])
+def test_what_authorize_refuses_the_hot_path_guard_lets_through(
+    acl: str | None, gated: bool, store_full: bool
+) -> None:
+    """``receive`` skips ``authorize`` when ``may_refuse`` (inlined) says it cannot
+    refuse: every refusal must be one the guard lets through."""
+    h = Harness()
+    h.broker.store_full = store_full
+    if gated:
+        h.broker.publish_gates.append(lambda topic, size: "no")
+    rules = parse_acl_file(acl).rules_for(None, "c") if acl else None
+    h.client().connect("p", clean_start=False, session_expiry_interval=60)  # persisted
+    h.broker.index.route("open/x")
+    for topic in [
+        "open/x",
+        "closed/x",
+        "$SYS/broker/x",
+        "$SYS/broker/connection/c/state",
+        "$share/g/t",
+        "$x",
+        "#x",
+    ]:
+        for qos in (0, 1, 2):
+            for retain in (False, True):
+                verdict = publish_policy.authorize(h.broker, "c", rules, topic, qos, retain, 1)
+                if verdict is not None:
+                    assert publish_policy.may_refuse(h.broker, rules, topic, qos), (topic, qos)

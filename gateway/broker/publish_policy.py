@@ -120,8 +120,18 @@ def receive(
         code = ReasonCode.PAYLOAD_FORMAT_INVALID
     # -- 5. authorization, 6. gates
     elif (
-        verdict := authorize(ctx, conn.client_id, conn.rules, topic, qos, retain, len(payload))
-    ) is not None:
+        # ``may_refuse`` inline: the hot path pays no call for a PUBLISH none of the
+        # checks of ``authorize`` could refuse.
+        (
+            topic[0] == "$"
+            or conn.rules is not None
+            or (qos and (ctx.store_full or ctx.publish_gates))
+        )
+        and (
+            verdict := authorize(ctx, conn.client_id, conn.rules, topic, qos, retain, len(payload))
+        )
+        is not None
+    ):
         code = verdict.code
         if verdict is ACL_DENIED:
             # MQTT 3.1.1 has no negative acknowledgement: the message is dropped (as
@@ -252,6 +262,16 @@ SYS_READ_ONLY: Final = Verdict(_NOT_AUTHORIZED, "$SYS is read-only")
 SHARE_NOT_A_TOPIC: Final = Verdict(ReasonCode.TOPIC_NAME_INVALID, "$share/ is not a topic")
 #: Not authorized by the ACL (0x87; 3.1.1: acknowledged and dropped, as mosquitto does).
 ACL_DENIED: Final = Verdict(_NOT_AUTHORIZED, "not authorized")
+
+
+def may_refuse(ctx: Context, rules: Rules | None, topic: str, qos: int) -> bool:
+    """Could ``authorize`` refuse this PUBLISH at all? Only a topic starting with "$"
+    (``$SYS``, ``$share/``), a client under an ACL, or QoS 1/2 while the store is full
+    or a gate is set. ``receive`` inlines this test on its hot path;
+    ``tests/test_publish_policy_shared.py`` holds the two to ``authorize``."""
+    return (
+        topic[0] == "$" or rules is not None or bool(qos and (ctx.store_full or ctx.publish_gates))
+    )
 
 
 def authorize(
