@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gateway.broker.core import OVERFLOW_SLOTS
+from gateway.broker.pool import OVERFLOW_SLOTS
 from gateway.mqtt import (
     MQTT_5,
     MQTT_311,

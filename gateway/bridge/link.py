@@ -52,6 +52,7 @@ from drivers.envelope import (
     envelope,
     open_envelope,
 )
+from gateway.bridge.aiomqtt_client import HookedClient
 from gateway.bridge.outbox import Entry, Outbox
 from gateway.bridge.rules import map_in, map_out
 from gateway.bridge.sequence import Sequence
@@ -194,7 +195,7 @@ class Bridge:
         self._loads: set[asyncio.Task[None]] = set()
         self._stopping = False
         self._pending: dict[int, Entry | None] = {}
-        self._client: _Client | None = None
+        self._client: HookedClient | None = None
         self._status_topic: str | None = None
         self._next_send = 0.0
         self._connected_at: float | None = None
@@ -456,8 +457,9 @@ class Bridge:
 
     async def _connection(self, host: str, port: int) -> None:
         settings = self.settings
-        client = _Client(
-            self,
+        client = HookedClient(
+            on_ack=self.on_publish,
+            last_error=lambda: self._repeats.last,
             hostname=host,
             port=port,
             identifier=self.client_id,
@@ -524,7 +526,7 @@ class Bridge:
 
     # ------------------------------------------------------------------ up
 
-    async def _send(self, client: _Client) -> None:
+    async def _send(self, client: HookedClient) -> None:
         outbox = self.outbox
         paho = client.paho
         rate = self.settings.rate_limit
@@ -664,7 +666,7 @@ class Bridge:
 
     # ------------------------------------------------------------------ down
 
-    async def _receive(self, client: _Client) -> None:
+    async def _receive(self, client: HookedClient) -> None:
         async for message in client.messages:
             self._inbound(message)
 
@@ -848,68 +850,3 @@ def _describe(exc: BaseException) -> str:
         return "; ".join(_describe(e) for e in exc.exceptions)
     text = str(exc) or type(exc).__name__
     return text
-
-
-class _Client(aiomqtt.Client):
-    """aiomqtt's client, also reporting the remote's CONNACK properties and every
-    publish acknowledgement with its reason code (aiomqtt keeps both to itself).
-
-    These are overrides of aiomqtt's private paho callbacks because aiomqtt (2.x) has
-    no public hook for either: its publish() awaits the acknowledgement but drops the
-    reason code, and CONNACK properties are not exposed. The bridge pins the aiomqtt
-    version range in pyproject.toml, and tests/test_bridge.py runs these paths
-    against a real Mosquitto."""
-
-    def __init__(self, bridge: Bridge, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._bridge = bridge
-        self.receive_maximum = 65_535
-
-    @property
-    def paho(self) -> Any:
-        return self._client
-
-    def _on_connect(
-        self, client: Any, userdata: Any, flags: Any, reason_code: Any, properties: Any = None
-    ) -> None:
-        value = getattr(properties, "ReceiveMaximum", None) if properties is not None else None
-        if value:
-            self.receive_maximum = int(value)
-        super()._on_connect(client, userdata, flags, reason_code, properties)
-
-    def _on_disconnect(
-        self, client: Any, userdata: Any, flags: Any, reason_code: Any, properties: Any = None
-    ) -> None:
-        if not self._connected.done():
-            # Lost before CONNACK (a TLS alert, a reset): fail the attempt now rather
-            # than after the connect timeout; paho has logged the socket error.
-            why = self._bridge._repeats.last or str(reason_code)
-            self._connected.set_exception(
-                aiomqtt.MqttError(f"connection closed before CONNACK: {why}")
-            )
-            return
-        super()._on_disconnect(client, userdata, flags, reason_code, properties)
-
-    def _on_socket_register_write(self, client: Any, userdata: Any, sock: Any) -> None:
-        # As aiomqtt does, but a socket paho closed meanwhile is not an error to log.
-        def write() -> None:
-            try:
-                client.loop_write()
-            except Exception as exc:  # the connection broke
-                if not self._disconnected.done():
-                    self._disconnected.set_exception(exc)
-
-        def watch() -> None:
-            with contextlib.suppress(OSError, ValueError):
-                self._loop.add_writer(fileno, write)
-
-        fileno = sock.fileno()
-        if fileno >= 0:
-            self._loop.call_soon_threadsafe(watch)
-
-    def _on_publish(
-        self, client: Any, userdata: Any, mid: int, reason_code: Any, properties: Any
-    ) -> None:
-        super()._on_publish(client, userdata, mid, reason_code, properties)
-        code = getattr(reason_code, "value", reason_code)
-        self._bridge.on_publish(mid, int(code) if isinstance(code, int) else 0)

@@ -14,7 +14,7 @@ from gateway.broker import sessions
 from gateway.broker.closing import Refused, fail, schedule_keepalive
 from gateway.broker.context import Context
 from gateway.broker.delivery import pump, resend_inflight
-from gateway.broker.output import send
+from gateway.broker.output import fits, send
 from gateway.broker.publish_policy import sys_write_refused
 from gateway.broker.state import Connection, Session, State
 from gateway.mqtt.codec import encode
@@ -87,7 +87,7 @@ def accept(
             ctx, packet, client_id, assigned, expiry, granted_expiry, server_keep_alive
         )
         limit = conn.peer_max_packet
-        if limit is not None and len(encode(ConnAck(True, 0, ack_props), MQTT_5)) > limit:
+        if limit is not None and not fits(conn, len(encode(ConnAck(True, 0, ack_props), MQTT_5))):
             raise Refused(
                 f"the CONNACK would exceed the client's maximum packet size of {limit}",
                 ReasonCode.PACKET_TOO_LARGE,

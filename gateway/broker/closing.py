@@ -12,8 +12,9 @@ gets (mosquitto's ``do_disconnect``):
 - after CONNACK: DISCONNECT with the reason code on MQTT 5.0 (MQTT-4.13.1-1), a plain
   close on MQTT 3.1.1;
 
-then ``close``: the session detaches now (will, expiry), and the shell closes the
-transport once the output before it is written.
+then ``close``: ``teardown`` now (the one path every ending takes, also when the
+transport goes first), and the shell closes the transport once the output before it is
+written.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import logging
 
 from gateway.broker.context import Context
-from gateway.broker.output import mark_closing, send, write
+from gateway.broker.output import drop_held, mark_closing, send, write
 from gateway.broker.sessions import detach
 from gateway.broker.state import Connection, State
 from gateway.mqtt.codec import encode
@@ -58,7 +59,7 @@ def fail(ctx: Context, conn: Connection, error: MQTTError, now: float) -> None:
         log.info("closing %s: %s", conn.label, reason)
     if conn.version == MQTT_5 and conn.state is State.CONNECTED:
         props = _problem(conn, reason)
-        conn.held = None  # the DISCONNECT goes out now; held acknowledgements do not
+        drop_held(conn)  # the DISCONNECT goes out now; held acknowledgements do not
         send(ctx, conn, Disconnect(code, props))
     close(ctx, conn, now, reason)
 
@@ -98,16 +99,25 @@ def _problem(conn: Connection, reason: str) -> Properties:
 
 
 def close(ctx: Context, conn: Connection, now: float, reason: str) -> None:
-    """Close after flushing output. The session detaches now (will, expiry)."""
+    """Close after flushing output: ``teardown`` now, then the shell closes the
+    transport once the output before it is written."""
     if conn.state >= State.CLOSING:
         return
     conn.close_reason = reason
-    conn.held = None  # output waiting for the store goes with the connection
+    teardown(ctx, conn, now)
+    conn.state = State.CLOSING
+    mark_closing(ctx, conn)
+
+
+def teardown(ctx: Context, conn: Connection, now: float) -> None:
+    """What ending a connection does, however it ends (``close``, or the transport gone
+    first, ``pool.connection_closed``); a second call does nothing more: output waiting
+    for the store goes with the connection, its deadlines are cancelled, its session
+    detaches (will, expiry) and it leaves the connecting budget."""
+    drop_held(conn)
     cancel_timers(ctx, conn)
     detach(ctx, conn, now)
-    conn.state = State.CLOSING
     ctx.connecting_over(conn)
-    mark_closing(ctx, conn)
 
 
 def cancel_timers(ctx: Context, conn: Connection) -> None:

@@ -95,6 +95,8 @@ class Context:
         self.wake: Callable[[], None] = _nothing
         #: Events in progress (an in-process publish from a timer is nested in ``tick``).
         self.depth = 0
+        #: ``with ctx.event:`` around whatever enters the core from outside (see ``Event``).
+        self.event = Event(self)
         #: Feeds a connection what arrived while its login was being decided (the
         #: dispatcher's ``data_received``; set by ``Broker``).
         self.resume: Callable[[Connection, float], None] = _resume_nothing
@@ -154,17 +156,32 @@ class Context:
             if not same:
                 del self.connecting_by_address[conn.source]
 
-    # ------------------------------------------------------------------ events
 
-    def begin(self) -> None:
-        """An event starts (paired with ``end``)."""
-        self.depth += 1
+class Event:
+    """One event of the core, the one way anything enters it: ``with ctx.event:``.
 
-    def end(self) -> None:
-        """An event is over; when it was the outermost one, the shell is woken."""
-        self.depth -= 1
-        if not self.depth:
-            self.wake()
+    Bytes, a timer, a closed transport, an in-process publish or subscribe, a device
+    of the firmware bridge: each is wrapped in it where it enters (the shell API of
+    ``Broker``, ``LocalClient``, ``ProxyClient``, the MQTT-SN shell). Events nest (an
+    in-process publish from a timer is inside ``tick``); when the outermost one is
+    over, the shell is woken (``Context.wake``) once, to write what is dirty, seal
+    the journal and re-arm its timer. The handlers and the modules below them never
+    open one.
+    """
+
+    __slots__ = ("_ctx",)
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = ctx
+
+    def __enter__(self) -> None:
+        self._ctx.depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        ctx = self._ctx
+        ctx.depth -= 1
+        if not ctx.depth:
+            ctx.wake()
 
 
 def _resume_nothing(conn: Connection, now: float) -> None:

@@ -13,11 +13,10 @@ import logging
 
 from gateway.broker.context import Context
 from gateway.broker.message import Message
-from gateway.broker.output import send, write, write_publish
+from gateway.broker.output import publish_fits, send, write, write_publish
 from gateway.broker.state import Connection, Flow, Outgoing, Session
 from gateway.mqtt.fastpath import template_size
 from gateway.mqtt.packets import MQTT_5, MQTT_311, PubRel
-from gateway.mqtt.properties import EMPTY, Properties
 
 log = logging.getLogger("ledge.broker")
 
@@ -73,31 +72,6 @@ def publish(ctx: Context, msg: Message, now: float) -> int:
     return count
 
 
-def publish_local(
-    ctx: Context,
-    topic: str,
-    payload: bytes,
-    now: float,
-    *,
-    qos: int = 0,
-    retain: bool = False,
-    properties: Properties = EMPTY,
-    origin: str | None = None,
-) -> int:
-    """Publish from inside the gateway (drivers, $SYS, the bridge). No TCP, no copies."""
-    msg = Message(
-        topic,
-        payload,
-        qos,
-        retain,
-        properties,
-        expiry_interval=properties.message_expiry_interval,
-        origin=origin,
-        created=now,
-    )
-    return publish(ctx, msg, now)
-
-
 def deliver(
     ctx: Context,
     session: Session,
@@ -139,9 +113,8 @@ def deliver(
             if parts is None:
                 return
             data = parts[0]
-        elif conn.peer_max_packet is not None and len(data) > conn.peer_max_packet:
-            _too_large(ctx, conn, msg)  # the forwarded bytes are checked like encoded ones
-            return
+        elif conn.peer_max_packet is not None and not publish_fits(ctx, conn, msg.topic, len(data)):
+            return  # the forwarded bytes are checked like encoded ones
         ctx.stats.publish_sent += 1
         write(ctx, conn, data)
         return
@@ -250,22 +223,15 @@ def encode_for(
         alias=alias,
         send_topic=new_alias or not alias,
     )
-    limit = conn.peer_max_packet
-    if limit is not None and template_size(parts, qos) > limit:
-        _too_large(ctx, conn, msg)
+    if conn.peer_max_packet is not None and not publish_fits(
+        ctx, conn, msg.topic, template_size(parts, qos)
+    ):
         return None
     if new_alias:
         if not conn.aliases_out:  # the shared empty map: this connection's own now
             conn.aliases_out = {}
         conn.aliases_out[msg.topic] = alias
     return parts
-
-
-def _too_large(ctx: Context, conn: Connection, msg: Message) -> None:
-    """A message larger than the client's Maximum Packet Size is not sent to it: it is
-    discarded for that client as if it had been sent (MQTT-3.1.2-24, -25), counted."""
-    ctx.stats.dropped_too_large += 1
-    log.debug("message on %r exceeds the maximum packet size of %s", msg.topic, conn.label)
 
 
 def pump(ctx: Context, session: Session, now: float) -> None:

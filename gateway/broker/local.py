@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gateway.broker import sessions
+from gateway.broker import publish_policy, sessions
 from gateway.broker.context import Context
-from gateway.broker.delivery import deliver, publish_local
+from gateway.broker.delivery import deliver
 from gateway.broker.message import Message
 from gateway.broker.state import Session, Subscription
 from gateway.mqtt.properties import EMPTY, Properties
@@ -64,8 +64,7 @@ class LocalClient:
             share_name, inner = shared
         sub = Subscription(inner, qos, no_local, retain_as_published, 0, identifier, share_name)
         ctx = self.broker
-        ctx.begin()
-        try:
+        with ctx.event:
             old = self.session.subscriptions.get(topic_filter)
             if old is not None:
                 ctx.index.remove(self.session, old)
@@ -77,8 +76,6 @@ class LocalClient:
                     if no_local and msg.origin == self.client_id:
                         continue
                     deliver(ctx, self.session, msg, min(qos, msg.qos), True, ids, None, now)
-        finally:
-            ctx.end()
 
     def unsubscribe(self, topic_filter: str) -> bool:
         sub = self.session.subscriptions.pop(topic_filter, None)
@@ -102,9 +99,8 @@ class LocalClient:
         if error:
             raise ValueError(f"topic {topic!r}: {error}")
         ctx = self.broker
-        ctx.begin()
-        try:
-            return publish_local(
+        with ctx.event:
+            return publish_policy.publish_local(
                 ctx,
                 topic,
                 payload,
@@ -114,18 +110,13 @@ class LocalClient:
                 properties=properties,
                 origin=self.client_id,
             )
-        finally:
-            ctx.end()
 
     def close(self, now: float) -> None:
         """Remove the client and its subscriptions."""
         ctx = self.broker
         if ctx.sessions.get(self.client_id) is self.session:
-            ctx.begin()
-            try:
+            with ctx.event:
                 sessions.end(ctx, self.session, now)
-            finally:
-                ctx.end()
 
 
 def _discard(msg: Message, qos: int, retain: bool, sub_ids: tuple[int, ...]) -> None:

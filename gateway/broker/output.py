@@ -56,19 +56,41 @@ def write_publish(ctx: Context, conn: Connection, parts: tuple[bytes, bytes], pi
     write(ctx, conn, parts[0] + encode_packet_id(pid) + parts[1])
 
 
+def fits(conn: Connection, size: int) -> bool:
+    """May a packet of ``size`` bytes go to ``conn``? The one place that says: nothing
+    larger than the client's Maximum Packet Size is sent to it (MQTT-3.1.2-24).
+
+    What does not fit: a PUBLISH is discarded for that client (``publish_fits``); a
+    control packet loses its problem details, or is not sent (``send``); a CONNACK
+    that cannot fit refuses the CONNECT (``accept``). Callers on the hot path test
+    ``conn.peer_max_packet is not None`` first, to skip the call for the clients (all
+    on MQTT 3.1.1, most on 5.0) that set no limit."""
+    limit = conn.peer_max_packet
+    return limit is None or size <= limit
+
+
+def publish_fits(ctx: Context, conn: Connection, topic: str, size: int) -> bool:
+    """``fits`` for a PUBLISH: one that does not is not sent to ``conn`` -- it is
+    discarded for that client as if it had been sent (MQTT-3.1.2-24, -25), counted."""
+    if fits(conn, size):
+        return True
+    ctx.stats.dropped_too_large += 1
+    log.debug("message on %r exceeds the maximum packet size of %s", topic, conn.label)
+    return False
+
+
 def send(ctx: Context, conn: Connection, packet: Packet) -> None:
     """Encode ``packet`` for ``conn``; drops problem details the client declined or
     cannot receive (MQTT-3.1.2-25, -29)."""
     data = encode(packet, conn.version or MQTT_311)
-    limit = conn.peer_max_packet
-    if limit is not None and len(data) > limit:
+    if not fits(conn, len(data)):
         props = getattr(packet, "properties", EMPTY)
         if props is EMPTY or not (props.reason_string or props.user_properties):
             log.debug("not sending %s to %s: exceeds its maximum packet size", packet, conn.label)
             return
         packet = _strip_problem_details(packet)
         data = encode(packet, conn.version or MQTT_311)
-        if len(data) > limit:
+        if not fits(conn, len(data)):
             log.debug("not sending %s to %s: exceeds its maximum packet size", packet, conn.label)
             return
     write(ctx, conn, data)
@@ -76,10 +98,15 @@ def send(ctx: Context, conn: Connection, packet: Packet) -> None:
 
 def mark_closing(ctx: Context, conn: Connection) -> None:
     """List ``conn`` for the shell even without output: it is to be closed."""
-    conn.held = None  # output waiting for the store goes with the connection
     if not conn.in_dirty:
         conn.in_dirty = True
         ctx.dirty.append(conn)
+
+
+def drop_held(conn: Connection) -> None:
+    """Output held for the store does not go out: the connection ends, or what it is
+    told now (a DISCONNECT) must not wait behind it."""
+    conn.held = None
 
 
 def release(ctx: Context, upto: int) -> None:

@@ -22,6 +22,7 @@ from gateway.broker.local import LocalClient, Sink
 from gateway.broker.state import Outgoing
 from gateway.mqtt.packets import Will
 from gateway.mqtt.properties import EMPTY
+from gateway.mqtt.reason_codes import ReasonCode
 from gateway.mqtt.topics import SHARE_PREFIX, filter_error, has_wildcard, subsumes
 
 if TYPE_CHECKING:
@@ -33,6 +34,14 @@ if TYPE_CHECKING:
 NOT_AUTHORIZED: Final = "not authorized"
 NO_ROOM: Final = "no room"
 INVALID: Final = "invalid"
+
+
+#: The kind of each of ``publish_policy.authorize``'s verdicts.
+_KINDS: Final = {
+    ReasonCode.NOT_AUTHORIZED: NOT_AUTHORIZED,
+    ReasonCode.TOPIC_NAME_INVALID: INVALID,
+    ReasonCode.QUOTA_EXCEEDED: NO_ROOM,
+}
 
 
 class Refusal(NamedTuple):
@@ -87,33 +96,20 @@ class ProxyClient(LocalClient):
     # ------------------------------------------------------------------ publishing
 
     def refusal(self, topic: str, qos: int, retain: bool, size: int) -> Refusal | None:
-        """Why a PUBLISH from this device cannot be accepted now, or None.
+        """Why a PUBLISH from this device cannot be accepted now, or None: steps 5 and
+        6 of the one PUBLISH policy (``publish_policy.authorize``; the device's own
+        protocol does steps 1 to 4: its codec, its QoS 2 flow).
 
         A refused PUBLISH is counted as an MQTT client's is: in
         ``publish/messages/received`` and ``publish/messages/denied`` (one that passes
         is counted by ``publish_counted``)."""
-        why = self._refusal(topic, qos, retain, size)
-        if why is not None:
-            stats = self.broker.stats
-            stats.publish_received += 1
-            stats.publish_denied += 1
-        return why
-
-    def _refusal(self, topic: str, qos: int, retain: bool, size: int) -> Refusal | None:
-        # The checks of publish_policy.receive, step 5 on, in its order.
-        if publish_policy.sys_write_refused(topic, self.client_id):
-            return Refusal("$SYS belongs to the broker", NOT_AUTHORIZED)
-        if topic.startswith(SHARE_PREFIX):
-            # "$share/" names shared subscriptions, never a topic (as for MQTT clients).
-            return Refusal("$share/ is not a topic", INVALID)
-        rules = self.session.rules
-        if rules is not None and not rules.can_write(topic):
-            return Refusal("not authorized by the ACL", NOT_AUTHORIZED)
-        if qos > 0:
-            why = publish_policy.refusal(self.broker, topic, retain, size)
-            if why is not None:
-                return Refusal(why, NO_ROOM)
-        return None
+        verdict = publish_policy.authorize(
+            self.broker, self.client_id, self.session.rules, topic, qos, retain, size
+        )
+        if verdict is None:
+            return None
+        self.broker.stats.publish_received += 1  # and denied, by ``authorize``
+        return Refusal(verdict.reason, _KINDS[verdict.code])
 
     def publish_counted(
         self, topic: str, payload: bytes, now: float, *, qos: int = 0, retain: bool = False
@@ -157,13 +153,10 @@ class ProxyClient(LocalClient):
             limit = settings.max_subscriptions_per_client
             return Refusal(f"limit of {limit} subscriptions per client", NO_ROOM)
         self.subscribe(topic_filter, qos, now, retained=False)
-        broker.begin()  # an event of the core: the shell is woken when it is over
-        try:
+        with broker.event:  # an event of the core: the shell is woken when it is over
             for msg in broker.retained.matching(topic_filter, now):
                 if rules is None or rules.can_read(msg.topic):
                     deliver(broker, self.session, msg, min(qos, msg.qos), True, (), None, now)
-        finally:
-            broker.end()
         return None
 
     # ------------------------------------------------------------------ end
@@ -177,13 +170,10 @@ class ProxyClient(LocalClient):
             self.broker.stats.publish_denied += 1
             return
         broker = self.broker
-        broker.begin()
-        try:
+        with broker.event:
             sessions.publish_will(
                 broker, Will(topic, payload, qos, retain), self.client_id, now, self.session
             )
-        finally:
-            broker.end()
 
     def close(self, now: float) -> None:
         """The device's session ends: its subscriptions go, it no longer counts as

@@ -19,6 +19,10 @@ differs. The order is what a client can observe, so it is fixed here once:
 7. quota -- the retained store is full (0x97 on MQTT 5.0, else not retained);
 8. routing, then the acknowledgement (after the store, when it must be durable).
 
+Steps 5 and 6 are ``authorize``, which the firmware bridge's devices pass too
+(``proxy.ProxyClient.refusal``). Publishers inside the gateway call ``publish_local``,
+whose docstring says which steps they skip and why.
+
 Inbound QoS 2 uses the spec's method A: the message is routed on PUBLISH and its
 packet identifier is remembered until PUBREL.
 """
@@ -26,6 +30,7 @@ packet identifier is remembered until PUBREL.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 from gateway.broker.context import Context
 from gateway.broker.delivery import publish
@@ -39,10 +44,14 @@ from gateway.mqtt.properties import EMPTY, Properties
 from gateway.mqtt.reason_codes import ReasonCode
 from gateway.mqtt.topics import SHARE_PREFIX
 
+if TYPE_CHECKING:
+    from gateway.broker.acl import Rules
+
 log = logging.getLogger("ledge.broker")
 
 _SUCCESS = ReasonCode.SUCCESS
 _NOT_AUTHORIZED = ReasonCode.NOT_AUTHORIZED
+_QUOTA_EXCEEDED = ReasonCode.QUOTA_EXCEEDED
 _PUBACK = PacketType.PUBACK
 _PUBREC = PacketType.PUBREC
 
@@ -109,41 +118,47 @@ def receive(
             now, conn.source, "refusing PUBLISH from %s on %r: %s", conn.label, topic, reason
         )
         code = ReasonCode.PAYLOAD_FORMAT_INVALID
-    # -- 5. authorization
-    elif topic.startswith("$SYS") and sys_write_refused(topic, conn.client_id):
-        # $SYS belongs to the broker; a client's write is refused (3.1.1: silently dropped).
-        stats.publish_denied += 1
-        ctx.publish_refusals(
-            now, conn.source, "refusing PUBLISH from %s to %r: $SYS is read-only", conn.label, topic
+    # -- 5. authorization, 6. gates
+    elif (
+        # ``may_refuse`` inline: the hot path pays no call for a PUBLISH none of the
+        # checks of ``authorize`` could refuse.
+        (
+            topic[0] == "$"
+            or conn.rules is not None
+            or (qos and (ctx.store_full or ctx.publish_gates))
         )
-        code = _NOT_AUTHORIZED
-    elif topic.startswith(SHARE_PREFIX):
-        # "$share/" names shared subscriptions, never a topic: the name is refused like
-        # one the server does not accept (0x90 on MQTT 5.0; 3.1.1: acknowledged and
-        # dropped), counted as denied. MQTT 5.0 4.7.2: $-topics are the server's.
-        stats.publish_denied += 1
-        ctx.publish_refusals(
-            now,
-            conn.source,
-            "refusing PUBLISH from %s to %r: $share/ is not a topic",
-            conn.label,
-            topic,
+        and (
+            verdict := authorize(ctx, conn.client_id, conn.rules, topic, qos, retain, len(payload))
         )
-        code = ReasonCode.TOPIC_NAME_INVALID
-    elif conn.rules is not None and not conn.rules.can_write(topic):
-        # Not authorized by the ACL: MQTT 5.0 acknowledges with 0x87, MQTT 3.1.1 has no
-        # negative acknowledgement and the message is dropped (as mosquitto does).
-        _denied(ctx, conn, topic, now)
-        code = _NOT_AUTHORIZED
-    # -- 6. gates
-    elif qos and (ctx.store_full or ctx.publish_gates):
-        why = refusal(ctx, topic, retain, len(payload))
-        if why is not None:
-            stats.publish_denied += 1
-            if version != MQTT_5:
-                raise MQTTError(why, ReasonCode.QUOTA_EXCEEDED)
-            ctx.refusals(now, conn.source, "refusing PUBLISH from %s: %s", conn.label, why)
-            code = ReasonCode.QUOTA_EXCEEDED
+        is not None
+    ):
+        code = verdict.code
+        if verdict is ACL_DENIED:
+            # MQTT 3.1.1 has no negative acknowledgement: the message is dropped (as
+            # mosquitto does); so are $SYS and $share/ ones.
+            ctx.publish_refusals(
+                now,
+                conn.source,
+                "refusing PUBLISH from %s to %r: not authorized (%d refused so far)",
+                conn.label,
+                topic,
+                stats.publish_denied,
+            )
+        elif code is _QUOTA_EXCEEDED:
+            if version != MQTT_5:  # no refusal code in 3.1.1: the connection is closed
+                raise MQTTError(verdict.reason, _QUOTA_EXCEEDED)
+            ctx.refusals(
+                now, conn.source, "refusing PUBLISH from %s: %s", conn.label, verdict.reason
+            )
+        else:
+            ctx.publish_refusals(
+                now,
+                conn.source,
+                "refusing PUBLISH from %s to %r: %s",
+                conn.label,
+                topic,
+                verdict.reason,
+            )
     mark = len(journal.ops) if journal is not None else 0
     if code is _SUCCESS:
         msg = Message(
@@ -184,6 +199,110 @@ def receive(
     if journal is not None and len(journal.ops) != mark:
         journal.hold(conn)  # acknowledged means stored
     write(ctx, conn, encode_ack(_PUBACK if qos == 1 else _PUBREC, packet_id, code, version))
+
+
+def publish_local(
+    ctx: Context,
+    topic: str,
+    payload: bytes,
+    now: float,
+    *,
+    qos: int = 0,
+    retain: bool = False,
+    properties: Properties = EMPTY,
+    origin: str | None = None,
+) -> int:
+    """A message from inside the gateway (drivers, taps, ``$SYS``, the bridge's
+    inbound, the firmware bridge once ``authorize`` let it through); returns how many
+    sessions it went to. No TCP, no copies.
+
+    Of the policy it gets step 7 (the retained store's bounds, which
+    ``RetainedStore.store`` enforces for every publisher) and step 8 (routing, the
+    same ``delivery.publish``). It skips the rest, for these reasons:
+
+    1. validity -- no packet: no topic alias, no subscription identifier to refuse;
+       ``LocalClient.publish`` checks the topic name (ValueError);
+    2. counted -- ``publish/messages/received`` counts PUBLISH packets from clients
+       (as mosquitto's does); a device of the firmware bridge is counted by its proxy;
+    3. the QoS 2 flow -- there is no packet identifier and no acknowledgement, so
+       nothing to deduplicate and no Receive Maximum;
+    4. payload -- the Payload Format Indicator is set by the gateway's own code, or
+       comes from the remote broker, which checked it;
+    5. authorization -- the gateway's own code writes its own topics (``$SYS``
+       included) and is configured by the operator, not let in by the ACL; a device
+       of the firmware bridge passes ``authorize`` first (``ProxyClient.refusal``);
+    6. gates -- there is no one to refuse: no acknowledgement to withhold, no client
+       to retry (a full store or outbox applies its own bound to what arrives).
+    """
+    msg = Message(
+        topic,
+        payload,
+        qos,
+        retain,
+        properties,
+        expiry_interval=properties.message_expiry_interval,
+        origin=origin,
+        created=now,
+    )
+    return publish(ctx, msg, now)
+
+
+class Verdict(NamedTuple):
+    """Why a PUBLISH is refused (steps 5 and 6): the MQTT 5.0 reason code, and words
+    for the log. MQTT-SN devices get the same verdicts (``proxy.ProxyClient.refusal``)."""
+
+    code: ReasonCode
+    reason: str
+
+
+#: ``$SYS`` is the broker's (3.1.1: the PUBLISH is acknowledged and dropped).
+SYS_READ_ONLY: Final = Verdict(_NOT_AUTHORIZED, "$SYS is read-only")
+#: "$share/" names shared subscriptions, never a topic: refused like a name the server
+#: does not accept (0x90; MQTT 5.0 4.7.2: $-topics are the server's).
+SHARE_NOT_A_TOPIC: Final = Verdict(ReasonCode.TOPIC_NAME_INVALID, "$share/ is not a topic")
+#: Not authorized by the ACL (0x87; 3.1.1: acknowledged and dropped, as mosquitto does).
+ACL_DENIED: Final = Verdict(_NOT_AUTHORIZED, "not authorized")
+
+
+def may_refuse(ctx: Context, rules: Rules | None, topic: str, qos: int) -> bool:
+    """Could ``authorize`` refuse this PUBLISH at all? Only a topic starting with "$"
+    (``$SYS``, ``$share/``), a client under an ACL, or QoS 1/2 while the store is full
+    or a gate is set. ``receive`` inlines this test on its hot path;
+    ``tests/test_publish_policy_shared.py`` holds the two to ``authorize``."""
+    return (
+        topic[0] == "$" or rules is not None or bool(qos and (ctx.store_full or ctx.publish_gates))
+    )
+
+
+def authorize(
+    ctx: Context,
+    client_id: str,
+    rules: Rules | None,
+    topic: str,
+    qos: int,
+    retain: bool,
+    size: int,
+) -> Verdict | None:
+    """Steps 5 and 6 for one PUBLISH of ``client_id`` (an MQTT client, or a device of
+    the firmware bridge), in their order: ``$SYS``, ``$share/``, the ACL -- the most
+    specific answer, so before the gates -- then the gates for QoS 1/2 (a full store,
+    a bridge's full outbox). A refusal is counted in ``publish/messages/denied``;
+    None: accepted."""
+    if topic.startswith("$SYS") and sys_write_refused(topic, client_id):
+        verdict = SYS_READ_ONLY
+    elif topic.startswith(SHARE_PREFIX):
+        verdict = SHARE_NOT_A_TOPIC
+    elif rules is not None and not rules.can_write(topic):
+        verdict = ACL_DENIED
+    elif qos and (ctx.store_full or ctx.publish_gates):
+        why = refusal(ctx, topic, retain, size)
+        if why is None:
+            return None
+        verdict = Verdict(_QUOTA_EXCEEDED, why)
+    else:
+        return None
+    ctx.stats.publish_denied += 1
+    return verdict
 
 
 def sys_write_refused(topic: str, client_id: str) -> bool:
@@ -254,17 +373,3 @@ def _utf8(payload: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
-
-
-def _denied(ctx: Context, conn: Connection, topic: str, now: float) -> None:
-    """Count a PUBLISH the ACL refused; its line at most once a minute per address."""
-    stats = ctx.stats
-    stats.publish_denied += 1
-    ctx.publish_refusals(
-        now,
-        conn.source,
-        "refusing PUBLISH from %s to %r: not authorized (%d refused so far)",
-        conn.label,
-        topic,
-        stats.publish_denied,
-    )

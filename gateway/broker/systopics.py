@@ -6,8 +6,8 @@ Published every ``sys_interval`` seconds, only the values that changed.
 
 from __future__ import annotations
 
+from gateway.broker import publish_policy
 from gateway.broker.context import Context
-from gateway.broker.delivery import publish_local
 
 BASE = "$SYS/broker/"
 
@@ -31,7 +31,7 @@ def publish_sys(ctx: Context, now: float) -> None:
         payload = value.encode()
         if last.get(topic) != payload:
             last[topic] = payload
-            publish_local(ctx, topic, payload, now, retain=True)
+            publish_policy.publish_local(ctx, topic, payload, now, retain=True)
 
 
 def sys_values(ctx: Context, now: float) -> dict[str, str]:

@@ -15,7 +15,7 @@ import resource
 from dataclasses import replace
 from typing import Final
 
-from gateway.broker.core import OVERFLOW_SLOTS
+from gateway.broker.pool import OVERFLOW_SLOTS
 from gateway.broker.settings import BrokerSettings
 from gateway.net.endpoint import MAX_PENDING_HANDSHAKES
 

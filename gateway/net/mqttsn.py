@@ -186,11 +186,8 @@ class MqttSnShell:
         # One event of the core: whatever the datagram causes for MQTT clients is
         # written once it is handled (the core wakes the server when it ends).
         broker = self.server.broker
-        broker.begin()
-        try:
+        with broker.event:
             self.gateway.received(transport, address, data, self.loop.time())
-        finally:
-            broker.end()
         self._arm()
 
     def malformed(self, transport: str, address: Address, reason: str, offset: int) -> None:
@@ -225,11 +222,8 @@ class MqttSnShell:
     def _on_timer(self) -> None:
         self._timer = None
         broker = self.server.broker
-        broker.begin()
-        try:
+        with broker.event:
             self.gateway.tick(self.loop.time())
-        finally:
-            broker.end()
         self._arm()
 
     # ------------------------------------------------------------------ stop
