@@ -42,18 +42,22 @@ from pipeline.generate import Spec, generate, write_landing
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+#: The reference: dedup by (gateway, seq), first to arrive kept, then per sensor the
+#: bucket's count/min/max/mean. A line whose sequence number or receive time cannot be
+#: read is left out (the pipeline quarantines it): every cast is a TRY_CAST, so a malformed
+#: field never fails the query (Spark 4's casts are strict).
 DUCKDB_SQL = """
 COPY (
   WITH lines AS (
-    SELECT topic, payload, gateway, CAST(seq AS BIGINT) AS seq,
-           CAST(received AS TIMESTAMP) AS received
+    SELECT topic, payload, gateway, TRY_CAST(seq AS BIGINT) AS seq,
+           TRY_CAST(received AS TIMESTAMP) AS received
     FROM read_json('{landing}/date=*/hour=*/*.jsonl', format='newline_delimited',
                    columns={{topic:'VARCHAR', payload:'VARCHAR', gateway:'VARCHAR',
                              seq:'VARCHAR', received:'VARCHAR'}}, ignore_errors=true)
     WHERE gateway IS NOT NULL AND regexp_matches(seq, '^[0-9]{{1,18}}$')
   ),
   firsts AS (
-    SELECT * FROM lines QUALIFY row_number() OVER (
+    SELECT * FROM lines WHERE received IS NOT NULL QUALIFY row_number() OVER (
       PARTITION BY gateway, seq ORDER BY received, payload) = 1
   ),
   readings AS (
@@ -78,15 +82,15 @@ COPY (
 #: DuckDB casts the JSON value: the CASE makes them agree.
 SPARK_SQL = """
 WITH lines AS (
-  SELECT topic, payload, gateway, CAST(seq AS BIGINT) AS seq,
-         CAST(received AS TIMESTAMP) AS received
+  SELECT topic, payload, gateway, try_cast(seq AS BIGINT) AS seq,
+         try_cast(received AS TIMESTAMP) AS received
   FROM landing_lines
   WHERE gateway IS NOT NULL AND seq RLIKE '^[0-9]{{1,18}}$'
 ),
 firsts AS (
   SELECT * FROM (
     SELECT *, row_number() OVER (PARTITION BY gateway, seq ORDER BY received, payload) AS _n
-    FROM lines
+    FROM lines WHERE received IS NOT NULL
   ) WHERE _n = 1
 ),
 readings AS (
