@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import pytest
 from pyspark.sql import SparkSession
 
+from bench import pipeline_reference as reference
 from bench.pipeline import duckdb_reference, spark_reference
 from pipeline.generate import BAD_RECEIVED, Message, Spec, generate, write_landing
 from pipeline.records import landing_line, received_text
@@ -30,7 +32,9 @@ def _rows(parquet: str) -> dict[tuple[Any, ...], tuple[Any, ...]]:
     return rows
 
 
-def test_duckdbs_query_in_spark_sql_gives_duckdbs_rows(spark: SparkSession, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def landing(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A generated fleet's landing files, with lines made to catch a loose translation."""
     # every fault the generator makes: redeliveries, reused sequence numbers, payloads
     # that are not JSON, booleans, numbers beyond a double, text values, bad timestamps,
     # a receive time that cannot be read
@@ -58,13 +62,34 @@ def test_duckdbs_query_in_spark_sql_gives_duckdbs_rows(spark: SparkSession, tmp_
             line = line.replace(received_text(received), BAD_RECEIVED)
         messages.append(Message(received, line))
     assert sum(BAD_RECEIVED in m.line for m in messages) == 3  # (the generator's own, too)
-    write_landing(tmp_path / "fleet", messages)
-    landing = tmp_path / "fleet" / "landing"
+    root = tmp_path_factory.mktemp("fleet")
+    write_landing(root, messages)
+    return root / "landing"
+
+
+def test_duckdbs_query_in_spark_sql_gives_duckdbs_rows(
+    spark: SparkSession, landing: Path, tmp_path: Path
+) -> None:
     duckdb_reference(landing, tmp_path, threads=2)
     spark_reference(spark, landing, tmp_path)
+    _same_rows(tmp_path, "spark")
+
+
+def test_the_single_pass_reference_gives_duckdbs_rows(
+    spark: SparkSession, landing: Path, tmp_path: Path
+) -> None:
+    """The plain PySpark reference ``make pipeline-bench`` times the pipeline against
+    computes what DuckDB computes, row for row (malformed receive times included)."""
+    duckdb_reference(landing, tmp_path, threads=2)
+    reference.run(spark, landing, tmp_path)
+    _same_rows(tmp_path, "reference")
+
+
+def _same_rows(out: Path, name: str) -> None:
+    """DuckDB's rows and ``name``'s under ``out``, for both buckets, are the same."""
     for bucket in ("minute", "hour"):
-        duck = _rows(str(tmp_path / f"duckdb_{bucket}.parquet"))
-        ours = _rows(f"{tmp_path / f'spark_{bucket}'}/*.parquet")
+        duck = _rows(str(out / f"duckdb_{bucket}.parquet"))
+        ours = _rows(f"{out / f'{name}_{bucket}'}/*.parquet")
         assert duck and any(n > 1 for n, *_ in duck.values())
         for device, want in (("made0", [(1, 1.5, 1.5, 1.5)]), ("made1", [(1, 2.5, 2.5, 2.5)])):
             kept = [v for k, v in duck.items() if k[:3] == ("gwx", device, "temperature")]
