@@ -63,7 +63,7 @@ bench-mqttsn:   ## firmware bridge: MQTT-SN/UDP vs MQTT/TCP PUBLISH/s, RSS per i
 	scripts/setup --test
 	.venv/bin/python -m bench.mqttsn
 
-pipeline-bench: ## ledge-pipeline run on local[2] (fresh JVM) at 0.25M, 1M and 4M landing lines, DuckDB beside it, and the floors (session, reading, judging; DuckDB's query in Spark SQL)
+pipeline-bench: ## ledge-pipeline run on local[2] (fresh JVM) at 0.25M, 1M and 4M landing lines beside a single-pass PySpark reference, the bare session and DuckDB, and the floors (reading, judging; DuckDB's query in Spark SQL)
 	scripts/setup --test
 	.venv/bin/python -m bench.pipeline --floor $(addprefix --lines ,$(PIPELINE_LINES))
 

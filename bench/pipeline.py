@@ -1,17 +1,24 @@
-"""``python -m bench.pipeline``: ``ledge-pipeline run`` as a user runs it, DuckDB beside it.
+"""``python -m bench.pipeline``: ``ledge-pipeline run`` as a user runs it, beside a
+single-pass reference in plain PySpark, the bare session and DuckDB.
 
 For each size (landing lines, default 0.25M, 1M and 4M) it generates a fleet's landing
 files once (``pipeline.generate``: redeliveries, a day-late backlog, malformed input;
-kept under ``--dir`` for the next run), then in one run:
+kept under ``--dir`` for the next run), then in one run, one after another (the order
+turned by one each ``--repeat``):
 
 - **spark**: ``ledge-pipeline run --master local[2]`` in a fresh process (JVM start, the
   session, silver and gold, Parquet written) on an empty root, wall clock; with the class
   archive ``ledge-pipeline prepare`` wrote, as after the install (it says which);
-- **duckdb**: the reference on the same landing files: dedup by (gateway, seq) -> per
-  sensor 1-minute and 1-hour count/min/max/mean into Parquet, wall clock of the queries
+- **reference**: ``bench.pipeline_reference`` in a fresh process: the core work (read
+  once with an explicit schema, dedup by (gateway, seq), per sensor 1-minute and 1-hour
+  count/min/max/mean into Parquet) the way a competent Spark engineer would write it;
+- **session**: the reference's session alone in a fresh process (the floor any Spark
+  run pays);
+- **duckdb**: the same rows as the reference by DuckDB, wall clock of the queries
   (DuckDB starts in microseconds);
 
-and prints the ratio. ``--floor`` also times, each in a fresh process, what any run
+and prints Spark/reference and reference/DuckDB with the machine's load. ``--floor``
+also times, each in a fresh process, what any run
 pays before its own work: the session alone, reading every landing line, and reading
 and judging every line (silver's rules); and DuckDB's own query run by Spark SQL
 (``SPARK_SQL``, the same rows), which tells how much of the ratio is the engine's. The
@@ -32,8 +39,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,18 +50,22 @@ from pipeline.generate import Spec, generate, write_landing
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+#: The reference: dedup by (gateway, seq), first to arrive kept, then per sensor the
+#: bucket's count/min/max/mean. A line whose sequence number or receive time cannot be
+#: read is left out (the pipeline quarantines it): every cast is a TRY_CAST, so a malformed
+#: field never fails the query (Spark 4's casts are strict).
 DUCKDB_SQL = """
 COPY (
   WITH lines AS (
-    SELECT topic, payload, gateway, CAST(seq AS BIGINT) AS seq,
-           CAST(received AS TIMESTAMP) AS received
+    SELECT topic, payload, gateway, TRY_CAST(seq AS BIGINT) AS seq,
+           TRY_CAST(received AS TIMESTAMP) AS received
     FROM read_json('{landing}/date=*/hour=*/*.jsonl', format='newline_delimited',
                    columns={{topic:'VARCHAR', payload:'VARCHAR', gateway:'VARCHAR',
                              seq:'VARCHAR', received:'VARCHAR'}}, ignore_errors=true)
     WHERE gateway IS NOT NULL AND regexp_matches(seq, '^[0-9]{{1,18}}$')
   ),
   firsts AS (
-    SELECT * FROM lines QUALIFY row_number() OVER (
+    SELECT * FROM lines WHERE received IS NOT NULL QUALIFY row_number() OVER (
       PARTITION BY gateway, seq ORDER BY received, payload) = 1
   ),
   readings AS (
@@ -78,15 +90,15 @@ COPY (
 #: DuckDB casts the JSON value: the CASE makes them agree.
 SPARK_SQL = """
 WITH lines AS (
-  SELECT topic, payload, gateway, CAST(seq AS BIGINT) AS seq,
-         CAST(received AS TIMESTAMP) AS received
+  SELECT topic, payload, gateway, try_cast(seq AS BIGINT) AS seq,
+         try_cast(received AS TIMESTAMP) AS received
   FROM landing_lines
   WHERE gateway IS NOT NULL AND seq RLIKE '^[0-9]{{1,18}}$'
 ),
 firsts AS (
   SELECT * FROM (
     SELECT *, row_number() OVER (PARTITION BY gateway, seq ORDER BY received, payload) AS _n
-    FROM lines
+    FROM lines WHERE received IS NOT NULL
   ) WHERE _n = 1
 ),
 readings AS (
@@ -259,6 +271,68 @@ def floors(landing_dir: Path, master: str) -> list[tuple[str, float]]:
     return out
 
 
+@dataclass
+class Result:
+    """One interleaved run of a size: wall clock in seconds of each contender."""
+
+    lines: int
+    spark: float
+    reference: float
+    session: float
+    duckdb: float
+    load: str
+    scans: int
+    read: int
+    slowest: list[tuple[float, str]]
+
+
+def reference_run(landing_dir: Path, out: Path, master: str, session_only: bool) -> float:
+    """``bench.pipeline_reference`` in a fresh process (or its session alone), wall clock."""
+    command = [
+        sys.executable, "-m", "bench.pipeline_reference", str(landing_dir), str(out),
+        "--master", master, *(["--session-only"] if session_only else []),
+    ]  # fmt: skip
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"the reference failed:\n{done.stderr[-4000:]}")
+    return seconds
+
+
+def interleaved(
+    landing_dir: Path,
+    lines: int,
+    tmp: Path,
+    args: argparse.Namespace,
+    threads: int,
+    attempt: int,
+) -> Result:
+    """The four contenders on one size, one after another, the order turned by one each
+    attempt (so none always runs first, or right after the heaviest)."""
+    before = load()
+    runs: list[SparkRun] = []
+
+    def pipeline() -> float:
+        runs.append(spark_run(landing_dir, tmp / "root", args.master, args.conf))
+        return runs[-1].seconds
+
+    steps: dict[str, Callable[[], float]] = {
+        "spark": pipeline,
+        "reference": partial(reference_run, landing_dir, tmp, args.master, session_only=False),
+        "session": partial(reference_run, landing_dir, tmp, args.master, session_only=True),
+        "duckdb": partial(duckdb_reference, landing_dir, tmp, threads),
+    }
+    turn = attempt % len(steps)
+    order = [*steps][turn:] + [*steps][:turn]
+    took = {name: steps[name]() for name in order}
+    scans, read, slowest = read_events(runs[0].event_log)
+    return Result(
+        lines, took["spark"], took["reference"], took["session"], took["duckdb"], before,
+        scans, read, slowest,
+    )  # fmt: skip
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.pipeline", description=__doc__)
     parser.add_argument(
@@ -295,34 +369,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     archive = ready_archive()
     print(f"class archive: {archive or 'none (ledge-pipeline prepare writes it)'}", flush=True)
     args.dir.mkdir(parents=True, exist_ok=True)
-    results = []
+    results: list[Result] = []
     for size in args.lines or SIZES:
         landing_dir, lines = landing(args.dir, size)
         for attempt in range(args.repeat):
             with tempfile.TemporaryDirectory(prefix="run-", dir=args.dir) as tmp:
-                before = load()
-                spark = spark_run(landing_dir, Path(tmp) / "root", args.master, args.conf)
-                duck = duckdb_reference(landing_dir, Path(tmp), threads)
-                scans, read, slowest = read_events(spark.event_log)
-                results.append((lines, spark.seconds, duck, before, scans, read))
+                r = interleaved(landing_dir, lines, Path(tmp), args, threads, attempt)
+                results.append(r)
                 print(
-                    f"{lines:>10,} lines  run {attempt + 1}: spark {spark.seconds:6.1f} s  "
-                    f"duckdb {duck:5.1f} s  ratio {spark.seconds / duck:5.1f}  load {before}  "
-                    f"landing scanned by {scans} stage(s), {read:,} lines read",
+                    f"{lines:>10,} lines  run {attempt + 1}: spark {r.spark:6.1f} s  "
+                    f"reference {r.reference:6.1f} s  session {r.session:5.1f} s  "
+                    f"duckdb {r.duckdb:5.1f} s  spark/reference {r.spark / r.reference:4.2f}  "
+                    f"load {r.load}  landing scanned by {r.scans} stage(s), "
+                    f"{r.read:,} lines read",
                     flush=True,
                 )
-                for took, name in slowest:
+                for took, name in r.slowest:
                     print(f"{'':14}{took:6.1f} s  {name}")
             if args.floor:
                 for label, took in floors(landing_dir, args.master):
                     print(f"{'':14}{took:6.1f} s  floor: {label} (fresh process)", flush=True)
-    print(f"\n`ledge-pipeline run --master {args.master}` (fresh JVM) beside DuckDB, one run each")
-    print("| landing lines | Spark s | lines/s | DuckDB s | Spark/DuckDB | load (1/5 min) |")
-    print("|---:|---:|---:|---:|---:|---|")
-    for lines, spark_s, duck_s, before, _, _ in results:
+    print(
+        f"\n`ledge-pipeline run --master {args.master}` beside the single-pass reference "
+        "(plain PySpark), the bare session and DuckDB; each in a fresh process but DuckDB"
+    )
+    print(
+        "| landing lines | Spark s | reference s | session s | DuckDB s | Spark/reference "
+        "| reference/DuckDB | load (1/5 min) |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---|")
+    for r in results:
         print(
-            f"| {lines:,} | {spark_s:.1f} | {lines / spark_s:,.0f} | {duck_s:.1f} | "
-            f"{spark_s / duck_s:.1f} | {before} |"
+            f"| {r.lines:,} | {r.spark:.1f} | {r.reference:.1f} | {r.session:.1f} | "
+            f"{r.duckdb:.1f} | {r.spark / r.reference:.2f} | {r.reference / r.duckdb:.1f} | "
+            f"{r.load} |"
         )
     return 0
 

@@ -16,7 +16,8 @@ class PipelineConfig:
     prefix: str = DEFAULT_PREFIX
     #: Late-data horizon in days: a message that arrives more than this many calendar days
     #: after the day of its timestamp is quarantined (``backfill`` with a larger horizon
-    #: folds it in). Each run recomputes the last ``horizon_days`` days of silver and gold.
+    #: folds it in, or counts it as a copy of a message already in silver). Each run
+    #: recomputes the last ``horizon_days`` days of silver and gold.
     horizon_days: int = 3
     #: A timestamp later than the receive time by more than this is implausible (a clock
     #: running ahead); such rows are kept, flagged, and filed under their receive time.

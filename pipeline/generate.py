@@ -26,7 +26,7 @@ from drivers.model import (
     reading_payload,
     reading_topic,
 )
-from pipeline.records import landing_line
+from pipeline.records import landing_line, received_text
 
 #: (driver, device, quantity, unit, kind) cycled over each gateway's sensors.
 SENSORS = (
@@ -36,6 +36,8 @@ SENSORS = (
     ("serial", "hvac", "mode", "", "text"),
 )
 MODES = ("auto", "heat", "cool", "off")
+#: The receive time of one faulty line: no lander writes it, a hand-edited file may.
+BAD_RECEIVED = "17/07/2026 25:61"
 
 
 @dataclass(frozen=True)
@@ -329,6 +331,11 @@ def _faults(fleet: _Fleet, at: datetime) -> None:
     q[f"ledge-seq {used}"] += 1
     # A clock running an hour ahead: kept, flagged, filed under its receive time.
     fleet.reading(gw, 0, received + timedelta(hours=1), received, implausible=True)
+    # A receive time no lander writes (a line edited by hand, or copied in from another
+    # tool): the line is quarantined, and every reader of the landing files must survive it.
+    line = landing_line(topic, good, 1, False, gw, str(fleet.next_seq(gw)), received)
+    fleet.messages.append(Message(received, line.replace(received_text(received), BAD_RECEIVED)))
+    q[f"unreadable receive time '{BAD_RECEIVED}'"] += 1
 
 
 def write_landing(

@@ -193,3 +193,23 @@ def test_an_envelope_whose_payload_utf8_cannot_carry_is_judged_as_that_payload()
     row = judged(line)
     assert (row["kind"], row["bridge"], row["seq"]) == (QUARANTINED, "gw1", 5)
     assert row["reason"] == "payload is not JSON (not UTF-8 text)"
+
+
+def test_a_reading_beyond_the_horizon_says_what_a_late_copy_is_and_what_a_backfill_does() -> None:
+    """A line is judged alone: a late copy of a message already in silver looks like the
+    message itself, arrived late. The reason says what each case means (the JVM judge's
+    rows carry the same text: tests/test_pipeline_jvm_judge.py compares them)."""
+    record = {
+        "topic": "ledge/gw1/serial/env/temperature",
+        "payload": '{"value":21.5,"unit":"°C","timestamp":"2026-11-16T10:00:00Z"}',
+        "qos": 1, "retain": False, "gateway": "gw1", "seq": "42",
+        "received": "2026-11-21T10:00:00.000000Z",
+    }  # fmt: skip
+    row = judged(json.dumps(record))
+    assert (row["kind"], row["bridge"], row["seq"]) == (QUARANTINED, "gw1", 42)
+    assert row["reason"] == (
+        f"arrived 5 days after its timestamp, beyond the late-data horizon of "
+        f"{CFG.horizon_days} days: not in silver; if it is a late copy of a message already "
+        "in silver, it is not counted in copies, and a backfill with a larger horizon would "
+        "count it as a copy; otherwise that backfill would fold it in"
+    )

@@ -448,3 +448,22 @@ def test_a_stopped_session_leaves_nothing_listening_and_another_can_start() -> N
     done = _run([sys.executable, "-c", STOP_PROBE], dict(os.environ), 170)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "counted 5"
+
+
+def test_only_the_tests_using_the_shared_session_are_kept_on_its_worker(
+    request: pytest.FixtureRequest,
+) -> None:
+    """``--dist loadgroup`` keeps the tests using the shared Spark session on one worker;
+    the others here (the archive written, a session stopped: each a JVM of its own) run
+    on any worker, beside them (tests/conftest.py GROUPS)."""
+
+    def group(item: pytest.Item) -> str | None:
+        marker = item.get_closest_marker("xdist_group")
+        return None if marker is None else str(marker.args[0])
+
+    assert group(request.node) is None  # (this test uses no session)
+    # and every pipeline test collected with it
+    ours = [i for i in request.session.items if i.nodeid.startswith("tests/test_pipeline_")]
+    for item in ours:
+        uses = "spark" in getattr(item, "fixturenames", ())
+        assert group(item) == ("spark" if uses else None), item.nodeid

@@ -109,10 +109,15 @@ JVM_JUDGED: Final = {
     "late": "long",
 }
 #: Why a message arriving more than ``horizon`` days after its timestamp's day (``late``)
-#: is quarantined.
+#: is quarantined. Both judges give it (the JVM judge's ``late`` is formatted with it). A
+#: line is judged alone, and a redelivered copy is the same line received later: whether
+#: a copy of it is already in silver is not the judge's to know, so the reason says what
+#: either case means and what a backfill with a larger horizon would change in each.
 BEYOND_HORIZON: Final = (
     "arrived {late} days after its timestamp, beyond the late-data horizon of {horizon} "
-    "days (backfill with a larger horizon to fold it in)"
+    "days: not in silver; if it is a late copy of a message already in silver, it is not "
+    "counted in copies, and a backfill with a larger horizon would count it as a copy; "
+    "otherwise that backfill would fold it in"
 )
 Row = tuple[Any, ...]
 
