@@ -282,3 +282,28 @@ def test_every_readme_command_exists() -> None:
                 pytest.fail(f"{shlex.join(words)}: refused by the parser ({exc})")
         else:
             assert head.startswith("mosquitto_"), f"README runs {head}: not checked here"
+
+
+def test_the_image_build_installs_the_man_pages(tmp_path: Path) -> None:
+    """The lines of image/build that install the man pages, run as the build runs them
+    (with its ``repo`` and ``root``), put readable pages where ``man`` looks."""
+    build = (REPO / "image" / "build").read_text()
+    block = re.search(r"^# man pages: begin\n(.*?)^# man pages: end", build, re.M | re.S)
+    assert block is not None, "image/build has no man pages block"
+    root = tmp_path / "root"
+    subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", block.group(1)],
+        env={**os.environ, "repo": str(REPO), "root": str(root)},
+        check=True,
+    )
+    for page, section in (("ledge.1", "man1"), ("ledge.toml.5", "man5")):
+        installed = root / "usr" / "share" / "man" / section / f"{page}.gz"
+        assert installed.stat().st_mode & 0o777 == 0o644
+        shown = subprocess.run(
+            ["man", "-l", str(installed)],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ, "MANWIDTH": "80", "MANPAGER": "cat", "PAGER": "cat"},
+        )
+        assert shown.returncode == 0 and "SEE ALSO" in shown.stdout, shown.stderr
