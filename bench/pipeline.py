@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bench.results import record
 from pipeline.generate import Spec, generate, write_landing
 
 if TYPE_CHECKING:
@@ -324,6 +325,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"| {lines:,} | {spark_s:.1f} | {lines / spark_s:,.0f} | {duck_s:.1f} | "
             f"{spark_s / duck_s:.1f} | {before} |"
         )
+    written = record(
+        "pipeline",
+        [
+            {
+                "lines": lines,
+                "run_s": round(spark_s, 2),
+                "duckdb_s": round(duck_s, 2),
+                "load": before,
+                "master": args.master,
+            }
+            for lines, spark_s, duck_s, before, _, _ in results
+        ],
+    )
+    print(f"results: {written}")
     return 0
 
 

@@ -307,3 +307,26 @@ def test_the_image_build_installs_the_man_pages(tmp_path: Path) -> None:
             env={**os.environ, "MANWIDTH": "80", "MANPAGER": "cat", "PAGER": "cat"},
         )
         assert shown.returncode == 0 and "SEE ALSO" in shown.stdout, shown.stderr
+
+
+def test_a_benchmark_run_is_recorded_as_data_and_shown(tmp_path: Path) -> None:
+    """``bench.results.record`` keeps every run (a second run the same day gets a file
+    of its own), ``load`` gives them back in time order, and a bad name is refused."""
+    from datetime import UTC, datetime
+
+    from bench.results import load, record
+
+    day = datetime(2027, 1, 5, 9, tzinfo=UTC)
+    rows = [{"lines": 999_991, "run_s": 20.5, "duckdb_s": 1.5, "load": "1/1"}]
+    first = record("pipeline", rows, directory=tmp_path, when=day)
+    later = day.replace(hour=10)
+    second = record("pipeline", [{**rows[0], "run_s": 19.0}], directory=tmp_path, when=later)
+    assert first != second and first.exists() and second.exists()
+    runs = load("pipeline", tmp_path)
+    assert [r["rows"][0]["run_s"] for r in runs] == [20.5, 19.0]
+    with pytest.raises(ValueError, match="benchmark name"):
+        record("../x", rows, directory=tmp_path)
+    # The committed page shows the newest recorded run's figures.
+    latest = load("pipeline")[-1]
+    page = (DOCS / "reference" / "benchmark-results.md").read_text()
+    assert f"({latest['file']})" in page.replace("`", "")

@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from docs.gen import cli, config, man, metrics, pages
+from docs.gen import bench, cli, config, man, metrics, pages
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
@@ -20,6 +20,8 @@ def outputs() -> dict[Path, Callable[[], str]]:
         DOCS / "reference" / "cli.md": cli.markdown,
         DOCS / "reference" / "uart.md": pages.uart,
         DOCS / "reference" / "landing-format.md": pages.landing_format,
+        DOCS / "reference" / "benchmark-results.md": bench.markdown,
+        DOCS / "reference" / bench.PLOT: bench.svg,
         DOCS / "man" / "ledge.1": man.ledge_1,
         DOCS / "man" / "ledge.toml.5": man.ledge_toml_5,
     }
