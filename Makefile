@@ -8,13 +8,18 @@ MUTATE ?=
 help:           ## list the targets
 	@grep -E '^[a-z-]+: +## ' Makefile | sed -E 's/: +## /\t/' | expand -t 16
 
-.PHONY: help run test provision-test bench bench-quick bench-serial bench-ble bench-bridge bench-metrics bench-flood bench-mqttsn bench-wear crash-test power-test pipeline-bench fuzz mutate
+.PHONY: help run test provision-test bench bench-quick bench-serial bench-ble bench-bridge bench-metrics bench-flood bench-mqttsn bench-wear crash-test power-test pipeline-bench fuzz mutate docs
 
 run:            ## start the gateway on the embedded default config
 	scripts/run
 
 test:           ## the whole test suite (what CI runs)
 	scripts/test
+
+docs:           ## the manual: regenerate its reference pages and man pages, then mkdocs build --strict into site/
+	scripts/setup --test
+	.venv/bin/python -m docs.gen
+	.venv/bin/mkdocs build --strict --site-dir site
 
 provision-test: ## the Ansible role against the image booted in qemu (~20 min; LEDGE_IMAGE=... reuses an image)
 	scripts/setup --test

@@ -45,6 +45,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bench.results import record
 from pipeline.generate import Spec, generate, write_landing
 
 if TYPE_CHECKING:
@@ -404,6 +405,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{r.duckdb:.1f} | {r.spark / r.reference:.2f} | {r.reference / r.duckdb:.1f} | "
             f"{r.load} |"
         )
+    written = record(
+        "pipeline",
+        [
+            {
+                "lines": lines,
+                "run_s": round(spark_s, 2),
+                "duckdb_s": round(duck_s, 2),
+                "load": before,
+                "master": args.master,
+            }
+            for lines, spark_s, duck_s, before, _, _ in results
+        ],
+    )
+    print(f"results: {written}")
     return 0
 
 

@@ -4,7 +4,7 @@ the broker keeps serving everyone else, and its memory stays within its bound.
 One gateway serves the whole module (connect deadline 2 s, 40 connection slots,
 64 KiB packets, topic aliases 1..10). After every case a fresh client must still
 get its own message back, and the gateway's RSS must stay under ``RSS_BOUND_KIB``.
-The table in the README's Security section is this file's parameter list.
+The table in docs/reference/security.md (Hostile input) is this file's parameter list.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""The manual's sources; ``docs.gen`` writes its generated pages and the man pages."""
