@@ -409,13 +409,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "pipeline",
         [
             {
-                "lines": lines,
-                "run_s": round(spark_s, 2),
-                "duckdb_s": round(duck_s, 2),
-                "load": before,
+                "lines": r.lines,
+                "run_s": round(r.spark, 2),
+                "reference_s": round(r.reference, 2),
+                "session_s": round(r.session, 2),
+                "duckdb_s": round(r.duckdb, 2),
+                "load": r.load,
                 "master": args.master,
             }
-            for lines, spark_s, duck_s, before, _, _ in results
+            for r in results
         ],
     )
     print(f"results: {written}")
