@@ -165,6 +165,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 GROUPS = (("tests/test_pipeline_", "spark"),)
 
 
+# First: pytest-xdist reads the groups in a hook of its own, once, when it names tests.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Image tests run last (the image builds in the background meanwhile), all on one
     worker; the pipeline's tests that use the Spark session share one worker's."""
