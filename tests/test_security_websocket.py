@@ -148,6 +148,17 @@ def test_accept_key_is_the_rfc_6455_example() -> None:
         (_request().replace(b"Upgrade: websocket", b"Upgrade: h2c"), b"426", None),
         (b"POST /mqtt HTTP/1.1\r\n\r\n", b"400", None),
     ],
+    # Named: the requests carry a random key, and every worker must collect the same ids.
+    ids=[
+        "mqtt",
+        "mqttv3.1-of-two",
+        "no-list",
+        "wamp-only",
+        "other-path",
+        "version-8",
+        "h2c",
+        "post",
+    ],
 )
 def test_upgrade_answers(request_bytes: bytes, status: bytes, subprotocol: str | None) -> None:
     answer = handshake(request_bytes, "/mqtt")
