@@ -39,9 +39,10 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
@@ -268,7 +269,8 @@ def time_to_connack(port: int, started: float) -> float:
 @dataclass
 class PowerReport:
     cuts: int
-    durability: str
+    #: What was cut: ``durability "power"``, the SD-card image.
+    target: str
     seconds: float = 0.0
     modes: Counter[str] = field(default_factory=Counter)
     published: int = 0
@@ -286,6 +288,8 @@ class PowerReport:
     dropped_bytes: int = 0  # unsynced bytes the cuts threw away
     kept_bytes: int = 0  # unsynced bytes random cuts let through
     connack: list[float] = field(default_factory=list)
+    #: What fsck found after the cuts, when the target has a file system of its own.
+    fsck: Counter[str] = field(default_factory=Counter)
     problems: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -293,7 +297,7 @@ class PowerReport:
         p95 = c[min(len(c) - 1, int(0.95 * len(c)))]
         return (
             f"{self.cuts} power cuts ({dict(self.modes)}) in {self.seconds:.0f} s, "
-            f'durability "{self.durability}": {self.published} messages published, '
+            f"{self.target}: {self.published} messages published, "
             f"{self.acknowledged} acknowledged; {self.checked} deliveries checked at the "
             f"subscribers ({self.duplicates} duplicates) and {self.checked_upstream} at the "
             f"cloud ({self.duplicates_upstream} duplicates); {self.retained_checks} "
@@ -303,8 +307,92 @@ class PowerReport:
             f"{self.dropped_bytes / 1e6:.1f} MB unsynced, random cuts kept "
             f"{self.kept_bytes / 1e6:.1f} MB; start to first CONNACK: median "
             f"{statistics.median(c) * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms, max "
-            f"{c[-1] * 1000:.0f} ms; {len(self.problems)} problems"
+            f"{c[-1] * 1000:.0f} ms; "
+            + (f"fsck after the cuts: {dict(self.fsck)}; " if self.fsck else "")
+            + f"{len(self.problems)} problems"
         )
+
+
+@dataclass
+class Cut:
+    """What one cut left on the disk."""
+
+    dropped: int  # unsynced bytes thrown away
+    kept: int  # unsynced bytes a random cut let through
+    #: What the disk as the power left it shows: a corrupt store, a file system that
+    #: fsck could not repair.
+    problems: list[str] = field(default_factory=list)
+    #: ``e2fsck`` on the file system as the cut left it: "clean", "repaired" ("": none ran).
+    fsck: str = ""
+
+
+class Target(Protocol):
+    """What the rig cuts the power of: a gateway whose MQTT listener is ``port`` on
+    loopback, bridging ``crash/#`` to the cloud relay it was made with."""
+
+    port: int
+    #: How the disk may lose what was not synced (one drawn per cut).
+    modes: tuple[str, ...]
+    #: Seconds of load between two cuts (drawn uniformly).
+    run_for: tuple[float, float]
+    #: How long an answer to a check may take.
+    answer_timeout: float
+    label: str
+
+    def power_on(self) -> float:
+        """Power on; seconds until the first CONNACK (AssertionError: it refused to
+        start)."""
+        ...
+
+    def power_cut(self, mode: str, seed: int) -> Cut:
+        """The gateway dies and, at once, the disk loses what was not synced."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class LocalTarget:
+    """``ledge run`` with its ``data_dir`` on the lossy file system."""
+
+    modes: tuple[str, ...] = MODES
+    run_for: tuple[float, float] = (0.2, 0.9)
+    answer_timeout: float = 15.0
+
+    def __init__(self, directory: Path, upstream_port: int, durability: str = "power") -> None:
+        self.directory = directory
+        self.label = f'durability "{durability}"'
+        self.port = free_port()
+        self.backing, self.data = directory / "disk", directory / "mnt"
+        self.mount = LossyMount(self.backing, self.data, directory / "lossyfs.sock")
+        self.config = directory / "power.toml"
+        write_config(self.config, durability, upstream_port)
+        self.proc: LedgeProcess | None = None
+
+    def power_on(self) -> float:
+        self.mount.mount()
+        started = time.monotonic()
+        self.proc = LedgeProcess(
+            "--data-dir", str(self.data), config=self.config, port=self.port
+        ).start()
+        return time_to_connack(self.port, started)
+
+    def power_cut(self, mode: str, seed: int) -> Cut:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc = None
+        lost = self.mount.cut(mode, seed)
+        self.mount.unmount()
+        cut = Cut(lost["dropped"], lost["kept"])
+        verdict = store_integrity(self.backing, self.directory / "copy")
+        if verdict != "ok":
+            cut.problems.append(f"store corrupt: {verdict}")
+        return cut
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.stop(30)
+            self.proc = None
+        self.mount.unmount()
 
 
 def run(
@@ -314,41 +402,38 @@ def run(
     durability: str = "power",
     settle: float = 120.0,
     progress: bool = False,
+    target: Callable[[Path, int], Target] | None = None,
+    every: int = 50,
 ) -> PowerReport:
     """``cuts`` power cuts under load; ``settle``: how long the end may wait for the
-    last acknowledgements and deliveries (what is still missing then is reported)."""
+    last acknowledgements and deliveries (what is still missing then is reported).
+    ``target`` makes what is cut from the directory and the cloud relay's port (by
+    default ``LocalTarget`` with ``durability``); ``every``: cuts between progress
+    lines."""
     rnd = random.Random(seed)
-    report = PowerReport(cuts=cuts, durability=durability)
     began = time.monotonic()
-    port = free_port()
-    backing, data = directory / "disk", directory / "mnt"
-    mount = LossyMount(backing, data, directory / "lossyfs.sock")
     cloud_broker = MosquittoProcess(directory, "max_queued_messages 0\n")
     cloud_broker.start()
     upstream = Link(cloud_broker.port)
-    config = directory / "power.toml"
-    write_config(config, durability, upstream.port)
-
-    def launch() -> tuple[LedgeProcess, float]:
-        started = time.monotonic()
-        proc = LedgeProcess("--data-dir", str(data), config=config, port=port).start()
-        return proc, time_to_connack(port, started)
-
+    if target is None:
+        device: Target = LocalTarget(directory, upstream.port, durability)
+    else:
+        device = target(directory, upstream.port)
+    report = PowerReport(cuts=cuts, target=device.label)
+    port = device.port
     load = Load(port, retained_changes=True)
     cloud = Subscriber("cloud", 1, 5, cloud_broker.port, topic_filter=f"{REMOTE_PREFIX}{TOPIC}/#")
     retained = [p for p in load.publishers if p.retain]
     topics = sorted({p.topic(k) for p in retained for k in range(p.topics)})
-    broker: LedgeProcess | None = None
     try:
         upstream.start()
-        mount.mount()
-        broker, _ = launch()
+        device.power_on()  # the first boot: not a power back after a cut
         publish_sentinel(port)
         load.start(cloud)
         for i in range(cuts):
             # Run for a while, the cloud going away or coming back at a random point
             # in between now and then; then the cut at a random moment.
-            run_for = rnd.uniform(0.2, 0.9)
+            run_for = rnd.uniform(*device.run_for)
             if rnd.random() < 0.4:
                 first = rnd.uniform(0, run_for)
                 time.sleep(first)
@@ -356,34 +441,32 @@ def run(
                 time.sleep(run_for - first)
             else:
                 time.sleep(run_for)
-            mode = rnd.choice(MODES)
+            mode = rnd.choice(device.modes)
             cut_seed = rnd.getrandbits(32)
             # The power fails: the gateway dies and the disk loses what was not synced.
-            broker.kill()
-            broker = None
-            lost = mount.cut(mode, cut_seed)
+            cut = device.power_cut(mode, cut_seed)
             report.modes[mode] += 1
-            report.dropped_bytes += lost["dropped"]
-            report.kept_bytes += lost["kept"]
+            report.dropped_bytes += cut.dropped
+            report.kept_bytes += cut.kept
+            if cut.fsck:
+                report.fsck[cut.fsck] += 1
             acked = {}
             for p in retained:
                 with p.lock:
                     acked[p.name] = set(p.acked)
-            mount.unmount()
-            verdict = store_integrity(backing, directory / "copy")
-            if verdict != "ok":
-                report.corrupt_stores += 1
-                report.problems.append(f"cut {i + 1} ({mode}): store corrupt: {verdict}")
+            for problem in cut.problems:
+                if problem.startswith("store corrupt"):
+                    report.corrupt_stores += 1
+                report.problems.append(f"cut {i + 1} ({mode}): {problem}")
             # The power is back.
-            mount.mount()
             try:
-                broker, took = launch()
+                took = device.power_on()
             except AssertionError as exc:
                 report.refused_starts += 1
                 report.problems.append(f"cut {i + 1} ({mode}): start refused: {exc}")
                 return report
             report.connack.append(took)
-            state = retained_state(port, topics)
+            state = retained_state(port, topics, device.answer_timeout)
             if state is None:
                 report.problems.append(f"cut {i + 1} ({mode}): the retained sentinel is gone")
             else:
@@ -391,7 +474,7 @@ def run(
                 found = check_retained(retained, acked, state, upper)
                 report.problems += [f"cut {i + 1} ({mode}): {x}" for x in found]
             report.retained_checks += 1
-            if progress and (i + 1) % 50 == 0:
+            if progress and (i + 1) % every == 0:
                 print(
                     f"  {i + 1} cuts, {time.monotonic() - began:.0f} s, "
                     f"{len(report.problems)} problems so far",
@@ -406,7 +489,7 @@ def run(
             expected = {p.name: set(p.acked) for p in load.publishers}
         load.wait_delivered(load.subscribers, expected, settle)
         load.wait_delivered([cloud], expected, settle)
-        state = retained_state(port, topics)
+        state = retained_state(port, topics, device.answer_timeout)
         if state is None:
             report.problems.append("at the end: the retained sentinel is gone")
         else:
@@ -428,9 +511,7 @@ def run(
         report.acknowledged = sum(len(v) for v in expected.values())
     finally:
         load.close(cloud)
-        if broker is not None:
-            broker.stop(30)
-        mount.unmount()
+        device.close()
         report.upstream_outages = upstream.outages
         report.upstream_down_seconds = upstream.down_seconds
         upstream.stop()

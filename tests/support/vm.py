@@ -178,6 +178,11 @@ class Vm:
     guest_ports: dict[str, int]
     memory_mib: int = 1024
     cpus: int = 2
+    #: What QEMU opens as the card (default: the image file itself); the power-cut rig
+    #: puts a disk with a volatile write cache in front of it (``tests.support.nbdcache``).
+    drive: str | None = None
+    #: The loopback port of each guest port, kept from one boot to the next (clients
+    #: reconnect to the same address, as on a LAN).
     ports: dict[str, int] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
     console: Path | None = None
@@ -189,7 +194,8 @@ class Vm:
         if shutil.which(QEMU) is None:
             raise RuntimeError(f"{QEMU} is not installed: run scripts/setup --test")
         kernel, initrd, cmdline = self.card.kernel(self.workdir)
-        self.ports = {name: free_port() for name in self.guest_ports}
+        for name in self.guest_ports:
+            self.ports.setdefault(name, free_port())
         forwards = ",".join(
             f"hostfwd=tcp:127.0.0.1:{self.ports[name]}-:{guest}"
             for name, guest in self.guest_ports.items()
@@ -206,7 +212,8 @@ class Vm:
             "-initrd", str(initrd),
             # The card's own command line; the last console= is the one systemd uses.
             "-append", f"{cmdline} console=ttyAMA0",
-            "-drive", f"file={self.card.path},format=raw,if=none,id=card,cache=writeback",
+            "-drive", f"file={self.drive or self.card.path},format=raw,if=none,id=card,"
+            "cache=writeback",
             "-device", "virtio-blk-pci,drive=card",
             "-netdev", f"user,id=net0,{forwards}",
             "-device", "virtio-net-pci,netdev=net0,romfile=",
