@@ -45,7 +45,7 @@ from bench.procs import (
     rss_kib,
     write_bytes,
 )
-from gateway.bridgectl import collect
+from gateway.cli.bridge import collect
 
 WINDOW = 100
 

@@ -1,6 +1,6 @@
 """Composition root: validated config -> core -> listeners, signals, reload, shutdown.
 
-``ledge run`` validates the config (pydantic, in ``gateway.cli``) and then replaces
+``ledge run`` validates the config (pydantic, in ``gateway.cli.main``) and then replaces
 itself with ``python -m gateway.app``, which reads the validated config from the
 environment. This module never imports pydantic, so the long-running process
 carries none of the validator's memory.

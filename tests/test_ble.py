@@ -984,7 +984,7 @@ def test_building_the_command_line_loads_no_ble_decoder() -> None:
     config, which keeps its idle memory."""
     code = (
         "import asyncio, sys\n"
-        "from gateway.cli import build_parser\n"
+        "from gateway.cli.main import build_parser\n"
         "from gateway.config import Config, Overrides\n"
         "from gateway.app import Gateway\n"
         "build_parser()\n"

@@ -21,7 +21,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from drivers.model import Health, health_from_message
-from gateway.bridgectl import collect
+from gateway.cli.bridge import collect
 from tests.support.clients import Paho, Received
 from tests.support.procs import REPO, LedgeProcess, MosquittoProcess, dead_port, free_port
 from tests.support.wait import wait_for

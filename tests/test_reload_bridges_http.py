@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from drivers.model import health_from_message
-from gateway.bridgectl import collect
+from gateway.cli.bridge import collect
 from tests.support.clients import Paho
 from tests.support.procs import LedgeProcess, MosquittoProcess, free_port
 from tests.support.wait import wait_for

@@ -9,7 +9,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gateway import __version__, blectl, bridgectl, statusctl
+from gateway import __version__
+from gateway.cli import ble, bridge, status
 from gateway.config import Config, Overrides, config_changes, load_config, parse_listen
 from gateway.runtime import RUNTIME_ENV, ConfigError, build_authenticator, file_warnings
 
@@ -80,11 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_override_flags(check)
     # Used by a running gateway on SIGHUP: print the validated config as JSON.
     check.add_argument("--print-runtime", action="store_true", help=argparse.SUPPRESS)
-    bridgectl.add_parser(commands)
-    statusctl.add_parser(commands)
-    blectl.add_parser(commands)
+    bridge.add_parser(commands)
+    status.add_parser(commands)
+    ble.add_parser(commands)
 
-    from gateway import passwd
+    from gateway.cli import passwd
 
     passwd.add_parser(commands)
     return parser
@@ -125,13 +126,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_OK
     if args.command == "bridge":
-        return bridgectl.main(args)
+        return bridge.main(args)
     if args.command == "status":
-        return statusctl.main(args)
+        return status.main(args)
     if args.command == "ble":
-        return blectl.main(args)
+        return ble.main(args)
     if args.command == "passwd":
-        from gateway import passwd
+        from gateway.cli import passwd
 
         return passwd.run(args)
     path: Path | None = args.file if args.command == "check-config" else args.config
