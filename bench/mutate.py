@@ -48,8 +48,8 @@ class Scope:
 SETTINGS = (
     "gateway/config.py",
     "gateway/runtime.py",
-    "gateway/ble_settings.py",
-    "gateway/field_settings.py",
+    "gateway/sensors/ble_settings.py",
+    "gateway/sensors/field_settings.py",
     "gateway/broker/settings.py",
     "gateway/bridge/settings.py",
     "gateway/mqttsn/settings.py",

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from gateway.net.http_settings import HTTPSettings
     from gateway.net.mqttsn import MqttSnShell
     from gateway.sdnotify import Notifier
-    from gateway.sensors import SensorHub
+    from gateway.sensors.hub import SensorHub
     from gateway.store.sqlite import Snapshot, Store
     from gateway.taps import TapPlane
 
@@ -212,7 +212,7 @@ class Gateway:
         config = self.config
         if config.sensors.serial or config.sensors.homeassistant or config.sensors.uses_ble:
             # Imported here: a gateway without sensors never loads the drivers.
-            from gateway.sensors import SensorHub
+            from gateway.sensors.hub import SensorHub
 
             self.sensors = SensorHub(self.broker, config.sensors, loop.time)
             self.sensors.start()

@@ -28,17 +28,9 @@ from pydantic import (
     model_validator,
 )
 
-from gateway.ble_settings import (
-    BEACON_FORMATS,
-    GATT_FORMATS,
-    BleDeviceSettings,
-    GattCharacteristicSettings,
-    GattFieldSettings,
-)
 from gateway.bridge.rules import rule_errors
 from gateway.bridge.settings import BridgeSettings, OutboxSettings, RuleSettings, TlsSettings
 from gateway.broker.settings import BrokerSettings
-from gateway.field_settings import FieldSettings
 from gateway.mqtt.topics import filter_error, topic_name_error
 from gateway.mqttsn.settings import MqttSnSerialSettings, MqttSnSettings, UdpSettings
 from gateway.net.http_settings import HTTPSettings
@@ -56,6 +48,14 @@ from gateway.runtime import (
     SerialSettings,
     TapSettings,
 )
+from gateway.sensors.ble_settings import (
+    BEACON_FORMATS,
+    GATT_FORMATS,
+    BleDeviceSettings,
+    GattCharacteristicSettings,
+    GattFieldSettings,
+)
+from gateway.sensors.field_settings import FieldSettings
 from gateway.store.settings import StoreSettings
 
 

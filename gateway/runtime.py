@@ -25,16 +25,16 @@ from gateway.broker.auth import (
     parse_password_file,
 )
 from gateway.broker.settings import DAY, INT31, MAX_SLOTS, BrokerSettings, option
-from gateway.field_settings import FieldSettings
 from gateway.mqttsn.settings import MqttSnSettings
 from gateway.net.settings import TLSOptions
+from gateway.sensors.field_settings import FieldSettings
 from gateway.store.settings import StoreSettings
 
 if TYPE_CHECKING:
-    from gateway.ble_settings import BleDeviceSettings
     from gateway.bridge.settings import BridgeSettings
     from gateway.broker.acl import Acl
     from gateway.net.http_settings import HTTPSettings
+    from gateway.sensors.ble_settings import BleDeviceSettings
 
 #: Environment variable carrying the validated config into the gateway process.
 RUNTIME_ENV = "LEDGE_RUNTIME_CONFIG"
@@ -147,7 +147,7 @@ class SerialSettings:
 @dataclass(frozen=True, slots=True)
 class BluetoothSettings:
     """``[bluetooth]``: the adapter, its scanner, the watchdog, GATT connections, and
-    the defaults of ``[[ble]]`` devices (``gateway.ble_settings``)."""
+    the defaults of ``[[ble]]`` devices (``gateway.sensors.ble_settings``)."""
 
     adapter: str = option("hci0", pattern=r"^hci[0-9]+$")
     scanning: Literal["auto", "passive", "active"] = option("auto")
@@ -285,7 +285,7 @@ class RuntimeConfig:
 
 #: Settings classes the runtime's annotations name without importing them, by module.
 LAZY_SETTINGS: dict[str, str] = {
-    "BleDeviceSettings": "gateway.ble_settings",
+    "BleDeviceSettings": "gateway.sensors.ble_settings",
     "BridgeSettings": "gateway.bridge.settings",
     "HTTPSettings": "gateway.net.http_settings",
 }

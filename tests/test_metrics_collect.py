@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from drivers.model import Reading
-from gateway.ble_settings import BleDeviceSettings
 from gateway.bridge.link import Bridge
 from gateway.bridge.sequence import Sequence
 from gateway.bridge.settings import BridgeSettings, RuleSettings
@@ -41,7 +40,8 @@ from gateway.mqttsn.packets import Disconnect as SnDisconnect
 from gateway.mqttsn.packets import Publish as SnPublish
 from gateway.mqttsn.packets import TopicIdType
 from gateway.runtime import GatewaySettings, RuntimeConfig, SerialSettings
-from gateway.sensors import SensorHub
+from gateway.sensors.ble_settings import BleDeviceSettings
+from gateway.sensors.hub import SensorHub
 from gateway.taps import TapPlane
 from tests.support.harness import FakeClient, Harness
 from tests.support.mqttsn import SnHarness

@@ -22,7 +22,7 @@ import drivers.serial
 from gateway.broker.core import Broker
 from gateway.broker.settings import BrokerSettings
 from gateway.config import parse_config
-from gateway.sensors import SensorHub
+from gateway.sensors.hub import SensorHub
 from tests.support.clients import Paho, Received
 from tests.support.procs import LedgeProcess
 from tests.support.wait import wait_for

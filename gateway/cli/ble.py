@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-from gateway.ble_settings import RESET_COUNTER
 from gateway.config import Config, load_config, parse_listen
 from gateway.mqtt import (
     MQTT_5,
@@ -37,6 +36,7 @@ from gateway.mqtt import (
 )
 from gateway.mqtt.errors import MQTTError
 from gateway.runtime import ConfigError
+from gateway.sensors.ble_settings import RESET_COUNTER
 
 EXIT_OK = 0
 EXIT_FAILED = 1

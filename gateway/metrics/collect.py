@@ -51,8 +51,6 @@ if TYPE_CHECKING:
     import asyncio
 
     from drivers.model import Reading
-    from gateway.ble import BleSensors
-    from gateway.ble import Device as BleDevice
     from gateway.bridge.link import Bridge
     from gateway.broker.core import Broker
     from gateway.mqttsn.gateway import Gateway as SnGateway
@@ -60,7 +58,9 @@ if TYPE_CHECKING:
     from gateway.net.http_settings import HTTPSettings
     from gateway.net.server import Server
     from gateway.runtime import RuntimeConfig, SensorSettings
-    from gateway.sensors import SensorHub
+    from gateway.sensors.ble import BleSensors
+    from gateway.sensors.ble import Device as BleDevice
+    from gateway.sensors.hub import SensorHub
     from gateway.store.sqlite import Store
     from gateway.taps import TapPlane
 

@@ -26,7 +26,7 @@ from gateway.broker.message import Message
 from gateway.runtime import SensorSettings, SerialSettings
 
 if TYPE_CHECKING:
-    from gateway.ble import BleSensors
+    from gateway.sensors.ble import BleSensors
 
 log = logging.getLogger("ledge.sensors")
 
@@ -164,7 +164,7 @@ class SensorHub:
         self.ble: BleSensors | None = None
         if settings.uses_ble:
             # Imported here: a gateway without BLE devices never loads bleak.
-            from gateway.ble import BleSensors
+            from gateway.sensors.ble import BleSensors
 
             self.ble = BleSensors(self, settings.bluetooth, settings.ble)
         self.announced: set[tuple[str, str, str]] = set()

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
 from gateway.broker.settings import DAY, option
-from gateway.field_settings import FieldSettings
+from gateway.sensors.field_settings import FieldSettings
 
 AdvertFormat = Literal[
     "auto", "bthome", "pvvx", "atc1441", "mibeacon", "ruuvi", "govee", "inkbird", "switchbot",
