@@ -2,7 +2,7 @@
 
 ``python -m bench.mutate`` (``make mutate``) runs mutmut over one scope at a time -- the
 packages ``gateway/mqtt``, ``gateway/broker``, ``gateway/bridge``, ``gateway/mqttsn``,
-``gateway/metrics``, ``drivers``, and ``config`` (``gateway/config.py`` with every
+``gateway/metrics``, ``drivers``, and ``config`` (``gateway/app/config.py`` with every
 settings module) -- with that scope's fast, in-process tests (no gateway processes),
 niced, in a scratch copy under ``.mutate/<scope>/`` so the checkout is never touched.
 mutmut plants one mutant at a time (an operator flipped, a constant changed, a call
@@ -46,8 +46,8 @@ class Scope:
 
 #: Settings modules: every config option is declared in one of them (``option()``).
 SETTINGS = (
-    "gateway/config.py",
-    "gateway/runtime.py",
+    "gateway/app/config.py",
+    "gateway/app/runtime.py",
     "gateway/sensors/ble_settings.py",
     "gateway/sensors/field_settings.py",
     "gateway/broker/settings.py",

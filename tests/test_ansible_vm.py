@@ -71,8 +71,8 @@ def build_wheel(version: str, out: Path, work: Path, broken: bool = False) -> Pa
         key = pattern.split(" ")[0][1:]
         path.write_text(re.sub(pattern, f'{key} = "{version}"', path.read_text(), flags=re.M))
     if broken:
-        app = src / "gateway" / "app.py"
-        # At import, before the module's `if __name__ == "__main__"` runs the gateway.
+        app = src / "gateway" / "app" / "root.py"
+        # At import, before `python -m gateway.app` (gateway/app/__main__.py) runs it.
         head = "from __future__ import annotations\n"
         text = app.read_text()
         assert head in text

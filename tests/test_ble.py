@@ -927,10 +927,10 @@ def test_a_gateway_without_ble_never_loads_bleak() -> None:
     """The default config's process imports neither bleak, dbus-fast nor cryptography."""
     code = (
         "import asyncio, sys\n"
-        "from gateway.config import Config\n"
-        "from gateway.app import Gateway\n"
+        "from gateway.app.config import Config\n"
+        "from gateway.app.root import Gateway\n"
         "async def main():\n"
-        "    from gateway.config import Overrides\n"
+        "    from gateway.app.config import Overrides\n"
         "    gw = Gateway(Overrides(listen=(('127.0.0.1', 0),)).apply(Config()).to_runtime())\n"
         "    await gw.start()\n"
         "    await gw.close()\n"
@@ -970,8 +970,8 @@ def test_a_gateway_without_ble_never_loads_bleak() -> None:
 def test_ble_config_errors_name_key_path_and_line(config: str, expected: str) -> None:
     import re
 
-    from gateway.config import parse_config
-    from gateway.runtime import ConfigError
+    from gateway.app.config import parse_config
+    from gateway.app.runtime import ConfigError
 
     with pytest.raises(ConfigError) as info:
         parse_config(config, "t.toml")
@@ -985,8 +985,8 @@ def test_building_the_command_line_loads_no_ble_decoder() -> None:
     code = (
         "import asyncio, sys\n"
         "from gateway.cli.main import build_parser\n"
-        "from gateway.config import Config, Overrides\n"
-        "from gateway.app import Gateway\n"
+        "from gateway.app.config import Config, Overrides\n"
+        "from gateway.app.root import Gateway\n"
         "build_parser()\n"
         "async def main():\n"
         "    gw = Gateway(Overrides(listen=(('127.0.0.1', 0),)).apply(Config()).to_runtime())\n"

@@ -9,6 +9,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from gateway.app.config import parse_config
+from gateway.app.runtime import ConfigError, RuntimeConfig
 from gateway.bridge.outbox import DONE, INFLIGHT, PENDING, Entry, Outbox
 from gateway.bridge.rules import Mapped, explain, map_in, map_out, rule_errors
 from gateway.bridge.sequence import BLOCK, META_KEY, Sequence
@@ -20,8 +22,6 @@ from gateway.bridge.settings import (
     RuleSettings,
 )
 from gateway.broker.journal import Op, PutOutbox, RemoveOutbox, SetMeta
-from gateway.config import parse_config
-from gateway.runtime import ConfigError, RuntimeConfig
 from gateway.store.settings import OUTBOX_ENTRY_OVERHEAD
 
 # ---------------------------------------------------------------------- rules

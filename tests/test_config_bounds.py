@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from gateway.config import Config, parse_config
-from gateway.runtime import ConfigError
+from gateway.app.config import Config, parse_config
+from gateway.app.runtime import ConfigError
 from tests.support.clients import Paho
 from tests.support.procs import LedgeProcess
 from tests.support.wait import wait_for

@@ -13,7 +13,7 @@ import pytest
 from pydantic import BaseModel
 
 from gateway import __version__
-from gateway.config import (
+from gateway.app.config import (
     AuthConfig,
     BleDeviceConfig,
     BluetoothConfig,
@@ -39,7 +39,7 @@ from gateway.config import (
     parse_listen,
     reloadable_fields,
 )
-from gateway.runtime import ConfigError, RuntimeConfig
+from gateway.app.runtime import ConfigError, RuntimeConfig
 from tests.support.clients import Paho
 from tests.support.procs import REPO, LedgeProcess
 from tests.support.wait import wait_for

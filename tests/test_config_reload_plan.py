@@ -1,7 +1,7 @@
 """``ledge check-config NEW --against OLD``: whether SIGHUP is enough for a new config.
 
 The answer comes from the ``reload=`` marks on the option declarations in
-gateway/config.py (the same marks the running gateway's reload follows), so these tests
+gateway/app/config.py (the same marks the running gateway's reload follows), so these tests
 compare against those marks rather than a list of their own."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from gateway.config import (
+from gateway.app.config import (
     AuthConfig,
     BridgeConfig,
     BridgeRuleConfig,

@@ -27,8 +27,8 @@ import pytest
 from pydantic import BaseModel
 
 from docs.gen import cli, config, generate, man, metrics
+from gateway.app.config import Config
 from gateway.cli.main import build_parser
-from gateway.config import Config
 from tests.support.procs import REPO, LedgeProcess
 from tests.support.prometheus import metrics_text
 from tests.support.wait import wait_for

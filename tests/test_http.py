@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
+from gateway.app.runtime import RuntimeConfig, file_warnings
 from gateway.net.http_settings import HTTPSettings
-from gateway.runtime import RuntimeConfig, file_warnings
 from tests.support.certs import Certs
 from tests.support.clients import Paho
 from tests.support.http_flood import SlowRequests

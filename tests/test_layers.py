@@ -62,7 +62,7 @@ def layer_of(module: str) -> str | None:
         if module == layer or module.startswith(layer + "."):
             return layer
     if module.split(".", maxsplit=1)[0] == "gateway":
-        return "gateway.app"  # gateway.cli, gateway.config, gateway.app
+        return "gateway.app"  # gateway.cli, gateway.app.config, gateway.app
     return None
 
 

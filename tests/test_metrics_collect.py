@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from drivers.model import Reading
+from gateway.app.runtime import GatewaySettings, RuntimeConfig, SerialSettings
 from gateway.bridge.link import Bridge
 from gateway.bridge.sequence import Sequence
 from gateway.bridge.settings import BridgeSettings, RuleSettings
@@ -39,7 +40,6 @@ from gateway.mqtt import MQTT_5, MQTT_311, Connect, Disconnect, Properties, Publ
 from gateway.mqttsn.packets import Disconnect as SnDisconnect
 from gateway.mqttsn.packets import Publish as SnPublish
 from gateway.mqttsn.packets import TopicIdType
-from gateway.runtime import GatewaySettings, RuntimeConfig, SerialSettings
 from gateway.sensors.ble_settings import BleDeviceSettings
 from gateway.sensors.hub import SensorHub
 from gateway.taps import TapPlane

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from gateway.config import parse_config
-from gateway.runtime import ConfigError, RuntimeConfig
+from gateway.app.config import parse_config
+from gateway.app.runtime import ConfigError, RuntimeConfig
 
 
 @pytest.mark.parametrize(
@@ -61,8 +61,8 @@ def test_nothing_of_mqttsn_is_imported_without_a_transport() -> None:
     transport is configured (its settings dataclass is all the config carries)."""
     code = (
         "import sys, asyncio\n"
-        "from gateway.config import parse_config\n"
-        "from gateway.app import Gateway\n"
+        "from gateway.app.config import parse_config\n"
+        "from gateway.app.root import Gateway\n"
         "async def main():\n"
         "    g = Gateway(parse_config('[[listeners]]\\nport = 0\\n').to_runtime())\n"
         "    await g.start()\n"

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from gateway.config import Config, parse_config
+from gateway.app.config import Config, parse_config
+from gateway.app.runtime import ConfigError
 from gateway.mqtt import MQTT_5, MQTT_311, Publish, Subscribe, SubscriptionRequest, encode
-from gateway.runtime import ConfigError
 from tests.support.procs import LedgeProcess, MosquittoProcess
 from tests.support.prometheus import metrics_text
 from tests.support.raw import Raw

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.sdnotify import Notifier
+from gateway.app.sdnotify import Notifier
 from tests.support.procs import REPO, LedgeProcess, port_open
 from tests.support.wait import wait_for
 
@@ -185,11 +185,11 @@ def test_watchdog_meant_for_another_process_gets_no_keepalives(
 
 PROBE = """
 import asyncio, sys
-from gateway.app import run
-from gateway.runtime import RuntimeConfig
+from gateway.app.root import run
+from gateway.app.runtime import RuntimeConfig
 
 def ready(gateway):
-    print("gateway.sdnotify" in sys.modules, flush=True)
+    print("gateway.app.sdnotify" in sys.modules, flush=True)
     gateway.stop()
 
 sys.exit(asyncio.run(run(RuntimeConfig.from_json(sys.stdin.read()), ready)))

@@ -19,9 +19,9 @@ import pytest
 import serial
 
 import drivers.serial
+from gateway.app.config import parse_config
 from gateway.broker.core import Broker
 from gateway.broker.settings import BrokerSettings
-from gateway.config import parse_config
 from gateway.sensors.hub import SensorHub
 from tests.support.clients import Paho, Received
 from tests.support.procs import LedgeProcess

@@ -1,4 +1,4 @@
-"""The config reference: every option of ``gateway.config.Config``, walked table by table.
+"""The config reference: every option of ``gateway.app.config.Config``, walked table by table.
 
 Types, defaults, bounds and the reload mark come from the declarations (``option()``,
 through the pydantic models made from them); each option's description is the comment
@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from gateway.config import Config
+from gateway.app.config import Config
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "ledge.example.toml"

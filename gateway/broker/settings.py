@@ -2,7 +2,7 @@
 
 Every config option of Ledge is declared once, as a field of a settings dataclass made
 with ``option``: its default, whether SIGHUP applies it, and its bounds. The config
-validator (``gateway.config``) builds its pydantic models from these fields, so the
+validator (``gateway.app.config``) builds its pydantic models from these fields, so the
 default the gateway runs with, the one ``ledge check-config`` accepts and the one
 ``ledge.example.toml`` shows are one value (a test holds the example to it).
 """

@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-from gateway.config import Config, load_config, parse_listen
+from gateway.app.config import Config, load_config, parse_listen
+from gateway.app.runtime import ConfigError
 from gateway.mqtt import (
     MQTT_5,
     ConnAck,
@@ -35,7 +36,6 @@ from gateway.mqtt import (
     encode,
 )
 from gateway.mqtt.errors import MQTTError
-from gateway.runtime import ConfigError
 from gateway.sensors.ble_settings import RESET_COUNTER
 
 EXIT_OK = 0

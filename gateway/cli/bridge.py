@@ -15,8 +15,9 @@ import sys
 import time
 from pathlib import Path
 
+from gateway.app.config import Config, load_config, parse_listen
+from gateway.app.runtime import ConfigError
 from gateway.bridge.rules import explain, map_in, map_out
-from gateway.config import Config, load_config, parse_listen
 from gateway.mqtt import (
     MQTT_5,
     ConnAck,
@@ -30,7 +31,6 @@ from gateway.mqtt import (
     encode,
 )
 from gateway.mqtt.errors import MQTTError
-from gateway.runtime import ConfigError
 
 PREFIX = "$SYS/broker/bridge/"
 #: Stop collecting once nothing new arrived for this long ...

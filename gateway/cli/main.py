@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gateway import __version__
+from gateway.app.config import Config, Overrides, config_changes, load_config, parse_listen
+from gateway.app.runtime import RUNTIME_ENV, ConfigError, build_authenticator, file_warnings
 from gateway.cli import ble, bridge, status
-from gateway.config import Config, Overrides, config_changes, load_config, parse_listen
-from gateway.runtime import RUNTIME_ENV, ConfigError, build_authenticator, file_warnings
 
 EXIT_OK = 0
 EXIT_CONFIG = 2

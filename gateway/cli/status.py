@@ -127,8 +127,8 @@ def _target(args: argparse.Namespace) -> tuple[str, dict[str, str], ssl.SSLConte
     pinned: str | None = None
     url = args.url
     if url is None:
-        from gateway.config import Config, load_config
-        from gateway.runtime import ConfigError
+        from gateway.app.config import Config, load_config
+        from gateway.app.runtime import ConfigError
 
         try:
             config = Config() if args.config is None else load_config(args.config)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from gateway import __version__
+from gateway.app.runtime import ConfigError
 from gateway.broker.state import State
 from gateway.metrics.view import (
     BridgeStatus,
@@ -45,19 +46,18 @@ from gateway.metrics.view import (
     message_rates,
     status_document,
 )
-from gateway.runtime import ConfigError
 
 if TYPE_CHECKING:
     import asyncio
 
     from drivers.model import Reading
+    from gateway.app.runtime import RuntimeConfig, SensorSettings
     from gateway.bridge.link import Bridge
     from gateway.broker.core import Broker
     from gateway.mqttsn.gateway import Gateway as SnGateway
     from gateway.net.http import Credentials, HTTPServer, Response
     from gateway.net.http_settings import HTTPSettings
     from gateway.net.server import Server
-    from gateway.runtime import RuntimeConfig, SensorSettings
     from gateway.sensors.ble import BleSensors
     from gateway.sensors.ble import Device as BleDevice
     from gateway.sensors.hub import SensorHub

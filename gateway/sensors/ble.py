@@ -37,9 +37,9 @@ from drivers.parsers.ble.base import AdvertError, Context
 from drivers.parsers.ble.bthome import UUID as BTHOME_UUID
 from drivers.parsers.ble.ccm import Cipher, parse_key
 from drivers.parsers.ble.gatt import parse_value
+from gateway.app.runtime import BluetoothSettings, SensorSettings
 from gateway.broker.local import LocalClient
 from gateway.broker.ratelog import RateLimitedLog
-from gateway.runtime import BluetoothSettings, SensorSettings
 from gateway.sensors.ble_settings import (
     BEACON_FORMATS,
     GATT_PRESETS,

@@ -1,6 +1,6 @@
 """The validated configuration as plain data: what the running gateway consumes.
 
-``gateway.config`` validates the TOML file with pydantic and produces a
+``gateway.app.config`` validates the TOML file with pydantic and produces a
 ``RuntimeConfig``; the long-running process receives it as JSON and never imports
 pydantic, which keeps about 10 MiB of validator out of the gateway's resident
 memory. A SIGHUP reload validates in a short-lived child process the same way.

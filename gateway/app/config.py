@@ -28,13 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from gateway.bridge.rules import rule_errors
-from gateway.bridge.settings import BridgeSettings, OutboxSettings, RuleSettings, TlsSettings
-from gateway.broker.settings import BrokerSettings
-from gateway.mqtt.topics import filter_error, topic_name_error
-from gateway.mqttsn.settings import MqttSnSerialSettings, MqttSnSettings, UdpSettings
-from gateway.net.http_settings import HTTPSettings
-from gateway.runtime import (
+from gateway.app.runtime import (
     LAZY_SETTINGS,
     AuthSettings,
     BluetoothSettings,
@@ -48,6 +42,12 @@ from gateway.runtime import (
     SerialSettings,
     TapSettings,
 )
+from gateway.bridge.rules import rule_errors
+from gateway.bridge.settings import BridgeSettings, OutboxSettings, RuleSettings, TlsSettings
+from gateway.broker.settings import BrokerSettings
+from gateway.mqtt.topics import filter_error, topic_name_error
+from gateway.mqttsn.settings import MqttSnSerialSettings, MqttSnSettings, UdpSettings
+from gateway.net.http_settings import HTTPSettings
 from gateway.sensors.ble_settings import (
     BEACON_FORMATS,
     GATT_FORMATS,
@@ -70,7 +70,7 @@ class _Model(BaseModel):
 # adds what only a validator can check (files readable, names unique...).
 # ``settings_from`` turns a validated model back into the dataclass.
 
-#: Names the runtime's annotations use without importing them (see gateway.runtime).
+#: Names the runtime's annotations use without importing them (see gateway.app.runtime).
 _LAZY_NAMES: dict[str, Any] = {
     name: getattr(importlib.import_module(module), name) for name, module in LAZY_SETTINGS.items()
 }

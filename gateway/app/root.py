@@ -23,10 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway import __version__
-from gateway.broker.auth import Authenticator, ListenerPolicy
-from gateway.broker.core import Broker
-from gateway.net.server import ListenerSpec, Server
-from gateway.runtime import (
+from gateway.app.runtime import (
     RUNTIME_ENV,
     ConfigError,
     ListenerSettings,
@@ -37,15 +34,18 @@ from gateway.runtime import (
     file_warnings,
     listener_label,
 )
+from gateway.broker.auth import Authenticator, ListenerPolicy
+from gateway.broker.core import Broker
+from gateway.net.server import ListenerSpec, Server
 
 if TYPE_CHECKING:
+    from gateway.app.sdnotify import Notifier
     from gateway.bridge.link import Bridge
     from gateway.bridge.sequence import Sequence
     from gateway.bridge.settings import BridgeSettings
     from gateway.metrics.collect import Metrics
     from gateway.net.http_settings import HTTPSettings
     from gateway.net.mqttsn import MqttSnShell
-    from gateway.sdnotify import Notifier
     from gateway.sensors.hub import SensorHub
     from gateway.store.sqlite import Snapshot, Store
     from gateway.taps import TapPlane
@@ -240,8 +240,8 @@ class Gateway:
         if not (config.mqttsn.udp or config.mqttsn.serial):
             return
         # Imported here: a gateway without [mqttsn] transports never loads MQTT-SN.
+        from gateway.app.runtime import build_acl
         from gateway.net.mqttsn import MqttSnShell
-        from gateway.runtime import build_acl
 
         assert self.server is not None
         acl = build_acl(config.acl_file) if config.acl_file is not None else None
@@ -901,7 +901,7 @@ async def run(config: RuntimeConfig, ready: Callable[[Gateway], None] | None = N
     notifier = None
     if "NOTIFY_SOCKET" in os.environ:
         # Imported here: only a gateway started by systemd (Type=notify) loads it.
-        from gateway.sdnotify import Notifier
+        from gateway.app.sdnotify import Notifier
 
         notifier = Notifier.from_environ(os.environ)
     # Handlers first: a signal that arrives while listeners open is handled, not fatal.
@@ -958,7 +958,3 @@ def main() -> int:
     except (ConfigError, StartupError) as exc:
         print(exc, file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
