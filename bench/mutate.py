@@ -50,6 +50,7 @@ SETTINGS = (
     "gateway/app/runtime.py",
     "gateway/sensors/ble_settings.py",
     "gateway/sensors/field_settings.py",
+    "gateway/sensors/settings.py",
     "gateway/broker/settings.py",
     "gateway/bridge/settings.py",
     "gateway/mqttsn/settings.py",

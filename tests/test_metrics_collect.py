@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from drivers.model import Reading
-from gateway.app.runtime import GatewaySettings, RuntimeConfig, SerialSettings
+from gateway.app.runtime import GatewaySettings, RuntimeConfig
 from gateway.bridge.link import Bridge
 from gateway.bridge.sequence import Sequence
 from gateway.bridge.settings import BridgeSettings, RuleSettings
@@ -42,6 +42,7 @@ from gateway.mqttsn.packets import Publish as SnPublish
 from gateway.mqttsn.packets import TopicIdType
 from gateway.sensors.ble_settings import BleDeviceSettings
 from gateway.sensors.hub import SensorHub
+from gateway.sensors.settings import SerialSettings
 from gateway.taps import TapPlane
 from tests.support.harness import FakeClient, Harness
 from tests.support.mqttsn import SnHarness

@@ -31,15 +31,11 @@ from pydantic import (
 from gateway.app.runtime import (
     LAZY_SETTINGS,
     AuthSettings,
-    BluetoothSettings,
     ConfigError,
     GatewaySettings,
-    HomeAssistantSettings,
     ListenerSettings,
     LogSettings,
-    ReadingsSettings,
     RuntimeConfig,
-    SerialSettings,
     TapSettings,
 )
 from gateway.bridge.rules import rule_errors
@@ -56,6 +52,12 @@ from gateway.sensors.ble_settings import (
     GattFieldSettings,
 )
 from gateway.sensors.field_settings import FieldSettings
+from gateway.sensors.settings import (
+    BluetoothSettings,
+    HomeAssistantSettings,
+    ReadingsSettings,
+    SerialSettings,
+)
 from gateway.store.settings import StoreSettings
 
 

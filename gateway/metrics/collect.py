@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     import asyncio
 
     from drivers.model import Reading
-    from gateway.app.runtime import RuntimeConfig, SensorSettings
+    from gateway.app.runtime import RuntimeConfig
     from gateway.bridge.link import Bridge
     from gateway.broker.core import Broker
     from gateway.mqttsn.gateway import Gateway as SnGateway
@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from gateway.sensors.ble import BleSensors
     from gateway.sensors.ble import Device as BleDevice
     from gateway.sensors.hub import SensorHub
+    from gateway.sensors.settings import SensorSettings
     from gateway.store.sqlite import Store
     from gateway.taps import TapPlane
 

@@ -37,7 +37,6 @@ from drivers.parsers.ble.base import AdvertError, Context
 from drivers.parsers.ble.bthome import UUID as BTHOME_UUID
 from drivers.parsers.ble.ccm import Cipher, parse_key
 from drivers.parsers.ble.gatt import parse_value
-from gateway.app.runtime import BluetoothSettings, SensorSettings
 from gateway.broker.local import LocalClient
 from gateway.broker.ratelog import RateLimitedLog
 from gateway.sensors.ble_settings import (
@@ -46,6 +45,7 @@ from gateway.sensors.ble_settings import (
     RESET_COUNTER,
     BleDeviceSettings,
 )
+from gateway.sensors.settings import BluetoothSettings, SensorSettings
 
 log = logging.getLogger("ledge.ble")
 

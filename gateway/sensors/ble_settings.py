@@ -1,6 +1,6 @@
-"""``[[ble]]`` devices and their GATT characteristics as plain data (``[bluetooth]``, the
-adapter, is ``gateway.app.runtime.BluetoothSettings``). Loaded only when BLE devices are
-configured: a gateway without them does not carry these classes.
+"""``[[ble]]`` devices and their GATT characteristics as plain data (``[bluetooth]``,
+the adapter, is ``gateway.sensors.settings.BluetoothSettings``). Loaded only when BLE
+devices are configured: a gateway without them does not carry these classes.
 
 Each option is declared once here (``option``: default, bounds); ``gateway.app.config``
 makes the pydantic models from these fields and adds the checks that need a validator.

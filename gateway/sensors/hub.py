@@ -20,10 +20,10 @@ from drivers.mapping import DeviceMap, FieldMap
 from drivers.model import Reading, now_utc, reading_payload, reading_topic
 from drivers.parsers import ParseError, Sample, jsonl, kv, nmea
 from drivers.serial import PortSettings, SerialPort
-from gateway.app.runtime import SensorSettings, SerialSettings
 from gateway.broker.core import Broker
 from gateway.broker.local import LocalClient
 from gateway.broker.message import Message
+from gateway.sensors.settings import SensorSettings, SerialSettings
 
 if TYPE_CHECKING:
     from gateway.sensors.ble import BleSensors
