@@ -40,7 +40,7 @@ power-test:     ## cut the power under Ledge CUTS times (data_dir on a lossy FUS
 	scripts/setup --test
 	.venv/bin/python -m tests.support.power --cuts $(CUTS)
 
-power-test-image: ## cut the power of the SD-card image booted in qemu IMAGE_CUTS times (its card loses what it had not flushed; fsck, store and nothing acknowledged lost checked; LEDGE_IMAGE=... reuses an image; ~1 h)
+power-test-image: ## cut the power of the SD-card image booted in qemu IMAGE_CUTS times (its card loses what it had not flushed; fsck, store and nothing acknowledged lost checked; LEDGE_IMAGE=... reuses an image; a boot of 1-2 min per cut)
 	scripts/setup --test
 	.venv/bin/python -m tests.support.power_image --cuts $(IMAGE_CUTS)
 
