@@ -530,13 +530,21 @@ def main() -> int:
     faulthandler.register(signal.SIGUSR1)  # kill -USR1 PID: where is it waiting?
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     print(f"seed {seed}", flush=True)
+    return report_on(
+        args.keep, lambda where: run(args.cuts, where, seed, args.durability, progress=True)
+    )
+
+
+def report_on(keep: Path | None, rig: Callable[[Path], PowerReport]) -> int:
+    """Run ``rig`` in ``keep`` (kept) or a temporary directory; print its report; the
+    exit status: 1 if it found problems."""
     with contextlib.ExitStack() as stack:
-        if args.keep is not None:
-            args.keep.mkdir(parents=True, exist_ok=True)
-            where = args.keep
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            where = keep
         else:
             where = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ledge-power-")))
-        report = run(args.cuts, where, seed, args.durability, progress=True)
+        report = rig(where)
     print(report.summary())
     for problem in report.problems[:50]:
         print("  " + problem)

@@ -23,14 +23,12 @@ nothing acknowledged may be missing at the subscribers or the cloud.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import faulthandler
 import os
 import random
 import shutil
 import signal
 import subprocess
-import tempfile
 from pathlib import Path
 
 from tests.support import imagebuild, power
@@ -203,17 +201,7 @@ def main() -> int:
     xz = args.image or imagebuild.wait(45 * 60)
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     print(f"image {xz}\nseed {seed}", flush=True)
-    with contextlib.ExitStack() as stack:
-        if args.keep is not None:
-            args.keep.mkdir(parents=True, exist_ok=True)
-            where = args.keep
-        else:
-            where = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ledge-power-")))
-        report = run(args.cuts, where, xz, seed, args.settle)
-    print(report.summary())
-    for problem in report.problems[:50]:
-        print("  " + problem)
-    return 1 if report.problems else 0
+    return power.report_on(args.keep, lambda where: run(args.cuts, where, xz, seed, args.settle))
 
 
 if __name__ == "__main__":
