@@ -66,6 +66,11 @@ def test_status_prints_the_summary_and_json(tmp_path: Path) -> None:
     assert gone.returncode == 1 and "is the gateway running?" in gone.stderr
 
 
+def _as_from_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def test_status_watch_prints_frames_until_interrupted(tmp_path: Path) -> None:
     config = gateway_config(tmp_path, "")
     proc = LedgeProcess(config=config).start(listeners=2)
@@ -75,6 +80,11 @@ def test_status_watch_prints_frames_until_interrupted(tmp_path: Path) -> None:
             cwd=REPO,
             stdout=subprocess.PIPE,
             text=True,
+            # As from a terminal: SIGINT handled by default and not blocked. A child
+            # inherits its parent's ignored and blocked signals across exec, and a test
+            # process that ran other tests in-process may have either (the watch then
+            # never saw the SIGINT, now and then).
+            preexec_fn=_as_from_a_terminal,  # noqa: PLW1509  (two system calls, no locks)
         )
         frames: list[str] = []
 
