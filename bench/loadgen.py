@@ -81,6 +81,13 @@ class Control:
             raise SystemExit(f"loadgen: expected GO, got {line!r}")
         return float(line[1]), float(line[2])
 
+    async def expected(self) -> int:
+        """The count the orchestrator says was acknowledged to the publishers."""
+        line = (await self.reader.readline()).decode().split()
+        if len(line) != 2 or line[0] != "EXPECT":
+            raise SystemExit(f"loadgen: expected EXPECT, got {line!r}")
+        return int(line[1])
+
     async def end(self) -> None:
         await self.reader.read()
 
@@ -257,13 +264,23 @@ async def role_sub(params: Params, control: Control) -> None:
         set_rcvlowat(clients, lowat)
     quiet = float(params.get("quiet", 0.5))
     drain = float(params.get("drain", 10.0))
+    # QoS 1 loss is counted against what the publishers had acknowledged: wait for
+    # that many (or the drain deadline), not for a quiet gap, which a loaded
+    # machine can open in the middle of a delivery.
+    want = await control.expected() if mode == "qos1" else None
+    until = max(t1, time.monotonic()) + drain
     while True:
         await asyncio.sleep(0.05)
         now = time.monotonic()
         if now >= t1 and lowat:
             set_rcvlowat(clients, 1)
             lowat = 0
-        if now >= t1 and (now - max(totals.last, t1) >= quiet or now >= t1 + drain):
+        if now >= until:
+            break
+        if want is not None:
+            if totals.total >= want:
+                break
+        elif now >= t1 and now - max(totals.last, t1) >= quiet:
             break
     lost_conns = sum(1 for c in clients if c.lost.done())
     result: Params = {

@@ -209,8 +209,12 @@ def measure(
             if a is not None and b is not None:
                 gen_cpu[g.name] = round((b - a) / settings.duration, 3)
         deadline = t1 + 60.0
-        sub_results = [g.expect("RESULT", deadline) for g in sub_gens]
         pub_results = [g.expect("RESULT", deadline) for g in pub_gens]
+        if any(params.get("mode") == "qos1" for params in subs):
+            acked = sum(int(r.get("acked", 0)) for r in pub_results)
+            for g in sub_gens:
+                g.send(f"EXPECT {acked}")
+        sub_results = [g.expect("RESULT", deadline) for g in sub_gens]
         if not broker.alive():
             raise BenchError(f"{kind} exited during the run:\n{tail(broker.log_path)}")
     except KeyboardInterrupt:
