@@ -208,6 +208,10 @@ procs.MosquittoProcess.start = _skip  # type: ignore[assignment,method-assign]
 """
 
 
+#: Files the judging tests read from the repository's root (the example config).
+DATA = ("ledge.example.toml",)
+
+
 def _copy(scope_name: str, scope: Scope) -> Path:
     """A scratch copy of what the tests import, with mutmut's config for the scope."""
     where = WORK / scope_name
@@ -217,6 +221,8 @@ def _copy(scope_name: str, scope: Scope) -> Path:
         if target.exists():
             shutil.rmtree(target)
         shutil.copytree(REPO / name, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for name in DATA:
+        shutil.copy2(REPO / name, where / name)
     pyproject = (REPO / "pyproject.toml").read_text()
     tests = ", ".join(f'"{path}"' for path in scope.tests)
     globs = ", ".join(f'"{glob}"' for glob in scope.mutate)
@@ -229,11 +235,12 @@ def _copy(scope_name: str, scope: Scope) -> Path:
             "drivers",
         )
     )
+    copied = ", ".join(f'"{name}"' for name in (other, *DATA))
     pyproject += (
         "\n[tool.mutmut]\n"
         f'source_paths = ["{source}"]\n'
         f"only_mutate = [{globs}]\n"
-        f'also_copy = ["{other}"]\n'
+        f"also_copy = [{copied}]\n"
         'pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "tests.mutate_plugin", '
         '"-q", "-x"]\n'
         f"pytest_add_cli_args_test_selection = [{tests}]\n"
