@@ -143,13 +143,60 @@ SCOPES: dict[str, Scope] = {
     ),
 }
 
-#: Functions that run only at import time (they build the codec's PUBACK..PUBCOMP
-#: coders): mutmut switches a mutant on when its function is called, which for these
-#: happened before any test ran, so their mutants can never be active. Listed apart.
-IMPORT_TIME: tuple[str, ...] = (
-    "gateway.mqtt.codec.x__make_ack_decoder__",
-    "gateway.mqtt.codec.x__make_ack_encoder__",
-)
+
+#: Run in a fresh interpreter: which functions of the given files run while their
+#: modules are imported (mutmut's names: ``module.x_name``, ``module.xǁClassǁname``).
+_IMPORT_PROBE = """\
+import importlib, json, sys
+files = set(sys.argv[2:])
+called = set()
+def probe(frame, event, arg):
+    code = frame.f_code
+    if event == "call" and code.co_filename in files and "<" not in code.co_qualname:
+        called.add((frame.f_globals.get("__name__", ""), code.co_qualname))
+sys.setprofile(probe)
+for name in sys.argv[1].split(","):
+    importlib.import_module(name)
+sys.setprofile(None)
+out = []
+for module, qual in called:
+    owner, _, name = qual.rpartition(".")
+    out.append(f"{module}.x\u01c1{owner}\u01c1{name}" if owner else f"{module}.x_{name}")
+print(json.dumps(sorted(out)))
+"""
+
+
+def import_time(package: str) -> set[str]:
+    """Functions of scope ``package`` that run at import and no test calls again.
+
+    mutmut switches a mutant on for the test run, after the modules were imported:
+    a mutant of a function that only ran at import (building a model from the option
+    declarations, say) can never be active, so no test could kill it. Found by
+    importing the scope's modules under a profiler, and kept only where mutmut's own
+    map gives the function at most one test (the one being collected at import).
+    """
+    import json
+
+    files = sorted(
+        p for glob in SCOPES[package].mutate for p in REPO.glob(glob) if p.suffix == ".py"
+    )
+    modules = [
+        ".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__") for p in files
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-c", _IMPORT_PROBE, ",".join(modules), *map(str, files)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    at_import = set(json.loads(proc.stdout))
+    stats = WORK / package / "mutants" / "mutmut-stats.json"
+    tests: dict[str, list[str]] = {}
+    if stats.exists():
+        tests = json.loads(stats.read_text())["tests_by_mangled_function_name"]
+    return {name for name in at_import if len(tests.get(name, [])) <= 1}
+
 
 #: mutmut's exit codes per mutant -> what they mean.
 STATUS = {
@@ -277,6 +324,7 @@ def results(package: str) -> tuple[list[Score], dict[str, list[str]]]:
     scores: list[Score] = []
     survivors: dict[str, list[str]] = {}
     globs = SCOPES[package].mutate
+    at_import = import_time(package)
     for meta in sorted(mutants.rglob("*.py.meta")):
         name = meta.relative_to(mutants).as_posix().removesuffix(".meta")
         if not any(fnmatch.fnmatch(name, glob) for glob in globs):
@@ -285,7 +333,7 @@ def results(package: str) -> tuple[list[Score], dict[str, list[str]]]:
         data = json.loads(meta.read_text())
         for key, code in data["exit_code_by_key"].items():
             status = STATUS.get(code, f"exit {code}")
-            if key.startswith(IMPORT_TIME):
+            if key.rsplit("__mutmut_", 1)[0] in at_import:
                 status = "import time"
             counts[status] += 1
             if status in ("survived", "no tests"):
