@@ -255,8 +255,12 @@ procs.MosquittoProcess.start = _skip  # type: ignore[assignment,method-assign]
 """
 
 
-#: Files the judging tests read from the repository's root (the example config).
-DATA = ("ledge.example.toml",)
+#: What the judging tests read from the repository's root (the example config, the
+#: MQTT-SN vectors shared with the firmware, the fuzz and bench packages some import).
+DATA = ("ledge.example.toml", "firmware-bridge", "fuzz", "bench")
+
+
+_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "node_modules")
 
 
 def _copy(scope_name: str, scope: Scope) -> Path:
@@ -267,9 +271,13 @@ def _copy(scope_name: str, scope: Scope) -> Path:
         target = where / name
         if target.exists():
             shutil.rmtree(target)
-        shutil.copytree(REPO / name, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copytree(REPO / name, target, ignore=_IGNORE)
     for name in DATA:
-        shutil.copy2(REPO / name, where / name)
+        if (REPO / name).is_dir():
+            shutil.rmtree(where / name, ignore_errors=True)
+            shutil.copytree(REPO / name, where / name, ignore=_IGNORE)
+        else:
+            shutil.copy2(REPO / name, where / name)
     pyproject = (REPO / "pyproject.toml").read_text()
     tests = ", ".join(f'"{path}"' for path in scope.tests)
     globs = ", ".join(f'"{glob}"' for glob in scope.mutate)
