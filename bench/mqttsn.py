@@ -37,7 +37,8 @@ from pathlib import Path
 from bench import mqtt
 from bench.procs import BenchError, Pinning, free_port, kill_all, raise_nofile, rss_kib
 from gateway.mqttsn import packets as sn
-from gateway.mqttsn.codec import decode, encode, encode_publish
+from gateway.mqttsn.codec import decode
+from gateway.mqttsn.encoding import encode, encode_publish
 
 WINDOW = 200
 #: Soak: downstream messages per device per second.

@@ -24,7 +24,8 @@ from gateway.broker.core import Broker
 from gateway.broker.local import LocalClient
 from gateway.broker.settings import BrokerSettings
 from gateway.mqttsn import packets as p
-from gateway.mqttsn.codec import MalformedMessage, decode, encode, read_message
+from gateway.mqttsn.codec import MalformedMessage, decode, read_message
+from gateway.mqttsn.encoding import encode
 from gateway.mqttsn.gateway import Gateway
 from gateway.mqttsn.settings import MqttSnSettings
 from gateway.mqttsn.state import TransportPolicy

@@ -179,7 +179,7 @@ def test_the_bridges_decisions_are_pure(name: str) -> None:
 
 
 #: The MQTT-SN codec: bytes only, nothing of the broker (the MicroPython client mirrors it).
-MQTTSN_CODEC = ["packets.py", "codec.py", "uart.py"]
+MQTTSN_CODEC = ["packets.py", "codec.py", "encoding.py", "uart.py"]
 
 
 @pytest.mark.parametrize("name", MQTTSN_CODEC)

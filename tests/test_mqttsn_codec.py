@@ -21,14 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.mqttsn import packets as p
-from gateway.mqttsn.codec import (
-    NEED_DATA,
-    MalformedMessage,
-    MessageTooLarge,
-    decode,
-    encode,
-    read_message,
-)
+from gateway.mqttsn.codec import NEED_DATA, MalformedMessage, MessageTooLarge, decode, read_message
+from gateway.mqttsn.encoding import encode
 from gateway.mqttsn.uart import (
     Deframer,
     FrameError,
@@ -334,7 +328,8 @@ def test_fuzz_command_knows_every_target() -> None:
 @given(st.binary(max_size=40) | messages.map(encode))
 def test_the_publish_peek_reads_what_the_decoder_reads(data: bytes) -> None:
     """The datagram fast path and the general decoder agree on every input."""
-    from gateway.mqttsn.codec import RETAIN, TOPIC_ID_TYPE, flags_qos, peek_publish
+    from gateway.mqttsn.codec import flags_qos, peek_publish
+    from gateway.mqttsn.packets import RETAIN, TOPIC_ID_TYPE
 
     peeked = peek_publish(data)
     if peeked is None:
@@ -353,7 +348,7 @@ def test_the_publish_peek_reads_what_the_decoder_reads(data: bytes) -> None:
 
 
 def test_encode_ack_writes_what_encode_writes() -> None:
-    from gateway.mqttsn.codec import encode_ack
+    from gateway.mqttsn.encoding import encode_ack
 
     assert encode_ack(p.MsgType.PUBACK, 0x1234, 0xBEEF, 2) == encode(p.PubAck(0x1234, 0xBEEF, 2))
     assert encode_ack(p.MsgType.REGACK, 1, 2) == encode(p.RegAck(1, 2))

@@ -32,7 +32,8 @@ from mqttsn12.client.MqttSnClient import (  # type: ignore[import-untyped]
 )
 from mqttsn12.packets import PingReqPacket  # type: ignore[import-untyped]
 
-from gateway.mqttsn.codec import decode, encode
+from gateway.mqttsn.codec import decode
+from gateway.mqttsn.encoding import encode
 from gateway.mqttsn.packets import (
     ConnAck,
     Connect,

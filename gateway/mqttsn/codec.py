@@ -14,6 +14,14 @@ from collections.abc import Callable
 from typing import Final
 
 from gateway.mqttsn.packets import (
+    CLEAN_SESSION,
+    DUP,
+    MAX_LENGTH,
+    QOS_OF_BITS,
+    QOS_SHIFT,
+    RETAIN,
+    TOPIC_ID_TYPE,
+    WILL,
     Advertise,
     ConnAck,
     Connect,
@@ -46,19 +54,6 @@ from gateway.mqttsn.packets import (
     WillTopicResp,
     WillTopicUpd,
 )
-
-#: The largest message the 3-octet Length field can describe (section 5.2.1).
-MAX_LENGTH: Final = 0xFFFF
-
-# Flags (section 5.3.4, Table 4).
-DUP: Final = 0x80
-RETAIN: Final = 0x10
-WILL: Final = 0x08
-CLEAN_SESSION: Final = 0x04
-TOPIC_ID_TYPE: Final = 0x03
-_QOS_SHIFT: Final = 5
-#: Flag bits 6-5 -> QoS; 0b11 is QoS -1 ("publish without connection", section 6.8).
-_QOS_OF_BITS: Final = (0, 1, 2, -1)
 
 
 class MalformedMessage(ValueError):
@@ -221,7 +216,7 @@ def _text(data: bytes, start: int, what: str) -> str:
 
 
 def _qos(flags: int) -> int:
-    return _QOS_OF_BITS[(flags >> _QOS_SHIFT) & 0x03]
+    return QOS_OF_BITS[(flags >> QOS_SHIFT) & 0x03]
 
 
 def _advertise(data: bytes, at: int) -> Advertise:
@@ -306,7 +301,7 @@ def _publish(data: bytes, at: int) -> Publish:
         topic_id=_u16(data, at + 1),
         msg_id=_u16(data, at + 3),
         data=data[at + 5 :],
-        qos=_QOS_OF_BITS[(flags >> _QOS_SHIFT) & 0x03],
+        qos=QOS_OF_BITS[(flags >> QOS_SHIFT) & 0x03],
         retain=bool(flags & RETAIN),
         dup=bool(flags & DUP),
         topic_id_type=flags & TOPIC_ID_TYPE,
@@ -432,165 +427,4 @@ def peek_publish(data: bytes) -> tuple[int, int, int, bytes] | None:
 
 def flags_qos(flags: int) -> int:
     """The QoS in a Flags octet (0b11 is -1)."""
-    return _QOS_OF_BITS[(flags >> _QOS_SHIFT) & 0x03]
-
-
-# ============================================================================ encoding
-
-
-def frame(msg_type: int, body: bytes) -> bytes:
-    """Length + MsgType + body, with the 3-octet Length from 256 octets on."""
-    length = len(body) + 2
-    if length <= 0xFF:
-        return bytes((length, msg_type)) + body
-    length += 2
-    if length > MAX_LENGTH:
-        raise ValueError(f"an MQTT-SN message holds at most {MAX_LENGTH} octets, not {length}")
-    return bytes((0x01, length >> 8, length & 0xFF, msg_type)) + body
-
-
-def qos_bits(qos: int) -> int:
-    """Flag bits 6-5 for ``qos`` (-1 is 0b11)."""
-    if qos not in (-1, 0, 1, 2):
-        raise ValueError(f"QoS {qos} is not -1, 0, 1 or 2")
-    return (qos & 0x03) << _QOS_SHIFT
-
-
-def _u16b(value: int) -> bytes:
-    return value.to_bytes(2, "big")
-
-
-def encode_publish(
-    topic_id: int,
-    msg_id: int,
-    data: bytes,
-    qos: int = 0,
-    retain: bool = False,
-    dup: bool = False,
-    topic_id_type: int = TopicIdType.NORMAL,
-) -> bytes:
-    """PUBLISH without building a ``Publish`` first (the delivery fast path)."""
-    flags = qos_bits(qos) | topic_id_type | (RETAIN if retain else 0) | (DUP if dup else 0)
-    length = len(data) + 7
-    if length <= 0xFF:
-        return (
-            bytes((length, MsgType.PUBLISH, flags, topic_id >> 8, topic_id & 0xFF))
-            + _u16b(msg_id)
-            + data
-        )
-    return frame(MsgType.PUBLISH, bytes((flags,)) + _u16b(topic_id) + _u16b(msg_id) + data)
-
-
-def encode_ack(msg_type: int, topic_id: int, msg_id: int, code: int = 0) -> bytes:
-    """PUBACK or REGACK (7 octets) without building the message first."""
-    return bytes((7, msg_type, topic_id >> 8, topic_id & 0xFF, msg_id >> 8, msg_id & 0xFF, code))
-
-
-def encode(packet: Packet) -> bytes:
-    """The bytes of ``packet``; ValueError for a value that cannot be encoded."""
-    match packet:
-        case Publish():
-            return encode_publish(
-                packet.topic_id,
-                packet.msg_id,
-                packet.data,
-                packet.qos,
-                packet.retain,
-                packet.dup,
-                packet.topic_id_type,
-            )
-        case PubAck(topic_id, msg_id, code):
-            return frame(MsgType.PUBACK, _u16b(topic_id) + _u16b(msg_id) + bytes((code,)))
-        case Advertise(gw_id, duration):
-            return frame(MsgType.ADVERTISE, bytes((gw_id,)) + _u16b(duration))
-        case SearchGw(radius):
-            return frame(MsgType.SEARCHGW, bytes((radius,)))
-        case GwInfo(gw_id, address):
-            return frame(MsgType.GWINFO, bytes((gw_id,)) + address)
-        case Connect(client_id, duration, clean, will, protocol_id):
-            flags = (CLEAN_SESSION if clean else 0) | (WILL if will else 0)
-            return frame(
-                MsgType.CONNECT,
-                bytes((flags, protocol_id)) + _u16b(duration) + client_id.encode("utf-8"),
-            )
-        case ConnAck(code):
-            return frame(MsgType.CONNACK, bytes((code,)))
-        case WillTopicReq():
-            return frame(MsgType.WILLTOPICREQ, b"")
-        case WillTopic() | WillTopicUpd():
-            kind = MsgType.WILLTOPIC if isinstance(packet, WillTopic) else MsgType.WILLTOPICUPD
-            if not packet.topic:
-                return frame(kind, b"")
-            if packet.qos < 0:
-                raise ValueError("a Will has QoS 0, 1 or 2")
-            flags = qos_bits(packet.qos) | (RETAIN if packet.retain else 0)
-            return frame(kind, bytes((flags,)) + packet.topic.encode("utf-8"))
-        case WillMsgReq():
-            return frame(MsgType.WILLMSGREQ, b"")
-        case WillMsg(message):
-            return frame(MsgType.WILLMSG, message)
-        case Register(topic_id, msg_id, name):
-            return frame(MsgType.REGISTER, _u16b(topic_id) + _u16b(msg_id) + name.encode("utf-8"))
-        case RegAck(topic_id, msg_id, code):
-            return frame(MsgType.REGACK, _u16b(topic_id) + _u16b(msg_id) + bytes((code,)))
-        case PubRec(msg_id):
-            return frame(MsgType.PUBREC, _u16b(msg_id))
-        case PubRel(msg_id):
-            return frame(MsgType.PUBREL, _u16b(msg_id))
-        case PubComp(msg_id):
-            return frame(MsgType.PUBCOMP, _u16b(msg_id))
-        case Subscribe(msg_id, topic, qos, id_type, dup):
-            flags = qos_bits(qos) | id_type | (DUP if dup else 0)
-            return frame(
-                MsgType.SUBSCRIBE, bytes((flags,)) + _u16b(msg_id) + _topic_bytes(topic, id_type)
-            )
-        case SubAck(topic_id, msg_id, code, qos):
-            return frame(
-                MsgType.SUBACK,
-                bytes((qos_bits(qos),)) + _u16b(topic_id) + _u16b(msg_id) + bytes((code,)),
-            )
-        case Unsubscribe(msg_id, topic, id_type):
-            return frame(
-                MsgType.UNSUBSCRIBE,
-                bytes((id_type,)) + _u16b(msg_id) + _topic_bytes(topic, id_type),
-            )
-        case UnsubAck(msg_id):
-            return frame(MsgType.UNSUBACK, _u16b(msg_id))
-        case PingReq(client_id):
-            return frame(MsgType.PINGREQ, client_id.encode("utf-8"))
-        case PingResp():
-            return frame(MsgType.PINGRESP, b"")
-        case Disconnect(duration):
-            return frame(MsgType.DISCONNECT, b"" if duration is None else _u16b(duration))
-        case WillTopicResp(code):
-            return frame(MsgType.WILLTOPICRESP, bytes((code,)))
-        case WillMsgUpd(message):
-            return frame(MsgType.WILLMSGUPD, message)
-        case WillMsgResp(code):
-            return frame(MsgType.WILLMSGRESP, bytes((code,)))
-        case Encapsulated(node_id, inner, radius):
-            if isinstance(inner, Encapsulated):
-                raise ValueError("an encapsulation cannot carry another encapsulation")
-            return encapsulate(node_id, encode(inner), radius)
-    raise TypeError(f"not an MQTT-SN message: {packet!r}")
-
-
-def encapsulate(node_id: bytes, message: bytes, radius: int = 0) -> bytes:
-    """Wrap already encoded ``message`` for the wireless node ``node_id`` (section 5.5)."""
-    length = 3 + len(node_id)
-    if length > 0xFF:
-        raise ValueError(f"a Wireless Node Id has at most 252 octets, not {len(node_id)}")
-    return bytes((length, MsgType.ENCAPSULATED, radius & 0x03)) + node_id + message
-
-
-def _topic_bytes(topic: str | int, id_type: int) -> bytes:
-    if id_type == TopicIdType.PREDEFINED:
-        if not isinstance(topic, int):
-            raise ValueError("a predefined topic is a topic id")
-        return _u16b(topic)
-    if not isinstance(topic, str):
-        raise ValueError("a normal or short topic is a name")
-    raw = topic.encode("utf-8")
-    if id_type == TopicIdType.SHORT and len(raw) != 2:
-        raise ValueError(f"a short topic name has two octets, not {topic!r}")
-    return raw
+    return QOS_OF_BITS[(flags >> QOS_SHIFT) & 0x03]

@@ -17,8 +17,8 @@ from collections import deque
 from typing import TYPE_CHECKING, Final
 
 from gateway.mqttsn import keepalive, output, registry, sessions
-from gateway.mqttsn.codec import encode_publish
 from gateway.mqttsn.context import Context, SnClient, log, sparse
+from gateway.mqttsn.encoding import encode_publish
 from gateway.mqttsn.packets import PingResp, PubRel, Register
 from gateway.mqttsn.qos import SENT
 from gateway.mqttsn.state import Outbound, State, Step

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Final
 
 from gateway.mqttsn import output
-from gateway.mqttsn.codec import encode
 from gateway.mqttsn.context import Context
+from gateway.mqttsn.encoding import encode
 from gateway.mqttsn.packets import Advertise, GwInfo, SearchGw
 from gateway.mqttsn.state import Key
 

@@ -37,18 +37,13 @@ from gateway.mqttsn import (
     systopics,
 )
 from gateway.mqttsn.addresses import address_text, log_source, where
-from gateway.mqttsn.codec import (
-    RETAIN,
-    TOPIC_ID_TYPE,
-    MalformedMessage,
-    decode,
-    encode,
-    flags_qos,
-    peek_publish,
-)
+from gateway.mqttsn.codec import MalformedMessage, decode, flags_qos, peek_publish
 from gateway.mqttsn.context import Context, SnClient, log
+from gateway.mqttsn.encoding import encode
 from gateway.mqttsn.errors import NotConnected, Refused
 from gateway.mqttsn.packets import (
+    RETAIN,
+    TOPIC_ID_TYPE,
     ConnAck,
     Connect,
     Disconnect,

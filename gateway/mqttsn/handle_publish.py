@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 from gateway.broker.proxy import ProxyClient
 from gateway.mqttsn import output, registry, sessions
 from gateway.mqttsn.addresses import log_source, where
-from gateway.mqttsn.codec import encode, encode_ack
 from gateway.mqttsn.context import Context, SnClient, log
+from gateway.mqttsn.encoding import encode, encode_ack
 from gateway.mqttsn.packets import (
     MsgType,
     PubAck,

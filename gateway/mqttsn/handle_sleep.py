@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from gateway.mqttsn import delivery, keepalive, output, sessions
 from gateway.mqttsn.addresses import log_source, origin, where
-from gateway.mqttsn.codec import encode
 from gateway.mqttsn.context import Context, log
+from gateway.mqttsn.encoding import encode
 from gateway.mqttsn.errors import NotConnected
 from gateway.mqttsn.packets import Disconnect, PingReq, PingResp
 from gateway.mqttsn.state import SLEEPING_STATES, UNCONNECTED_STATES, Key, State

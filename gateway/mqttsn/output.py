@@ -9,8 +9,8 @@ everything after it to the same client waits too, keeping the order.
 
 from __future__ import annotations
 
-from gateway.mqttsn.codec import encapsulate, encode
 from gateway.mqttsn.context import Context, SnClient
+from gateway.mqttsn.encoding import encapsulate, encode
 from gateway.mqttsn.packets import Packet
 from gateway.mqttsn.state import BROADCAST, Key
 

@@ -343,3 +343,19 @@ def short_topic_id(name: str) -> int:
     if len(raw) != 2:
         raise ValueError(f"a short topic name has exactly two octets, not {name!r}")
     return int.from_bytes(raw, "big")
+
+
+# ============================================================================ wire
+
+#: The largest message the 3-octet Length field can describe (section 5.2.1).
+MAX_LENGTH: Final = 0xFFFF
+
+# Flags (section 5.3.4, Table 4).
+DUP: Final = 0x80
+RETAIN: Final = 0x10
+WILL: Final = 0x08
+CLEAN_SESSION: Final = 0x04
+TOPIC_ID_TYPE: Final = 0x03
+QOS_SHIFT: Final = 5
+#: Flag bits 6-5 -> QoS; 0b11 is QoS -1 ("publish without connection", section 6.8).
+QOS_OF_BITS: Final = (0, 1, 2, -1)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from gateway.mqttsn.codec import decode, encode
+from gateway.mqttsn.codec import decode
+from gateway.mqttsn.encoding import encode
 from gateway.mqttsn.gateway import Gateway
 from gateway.mqttsn.packets import (
     ConnAck,
