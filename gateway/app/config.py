@@ -450,7 +450,7 @@ class _BridgeChecks(_Model):
 class _AuthChecks(_Model):
     """Defaults for listeners that say nothing, and the failed-login slowdown."""
 
-    _passwords = field_validator("password_file", check_fields=False)(_readable)
+    _passwords = field_validator("password_file", check_fields=False)(_password_file)
     _acl = field_validator("acl_file", check_fields=False)(_acl_file)
 
     @model_validator(mode="after")

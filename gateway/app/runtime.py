@@ -270,6 +270,10 @@ def build_authenticator(
             raise ConfigError(
                 str(password_file), [f"auth.password_file: cannot read: {exc.strerror or exc}"]
             ) from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                str(password_file), [f"auth.password_file: not UTF-8 text (byte {exc.start})"]
+            ) from None
         # Lines that cannot be read are skipped (those users cannot log in) and named
         # by ``file_warnings``; the rest of the file serves.
         users = parse_password_file(text)
@@ -284,6 +288,8 @@ def build_acl(acl_file: str | Path, key: str = "auth.acl_file") -> Acl:
         text = Path(acl_file).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(str(acl_file), [f"{key}: cannot read: {exc.strerror or exc}"]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(acl_file), [f"{key}: not UTF-8 text (byte {exc.start})"]) from None
     try:
         return parse_acl_file(text)
     except AclFileError as exc:
