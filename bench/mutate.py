@@ -139,6 +139,9 @@ SCOPES: dict[str, Scope] = {
             "tests/test_config_reload_plan.py",
             "tests/test_security_config.py",
             "tests/test_mqttsn_config.py",
+            "tests/test_runtime_build.py",
+            "tests/test_config_overrides.py",
+            "tests/test_config_checks.py",
         ),
     ),
 }
