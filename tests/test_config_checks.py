@@ -275,3 +275,13 @@ def test_key_paths() -> None:
     assert key_path(("bridges", 0, "rules", 2)) == "bridges[0].rules[2]"
     assert key_path(("log",)) == "log"
     assert key_path(()) == "(top level)"
+
+
+def test_text_from_no_file_is_named_config() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config("[log]\nlevel = 'loud'\n")
+    assert info.value.path == "<config>"
+    assert str(info.value).startswith("<config>: log.level (line 2): ")
+    with pytest.raises(ConfigError) as info:
+        parse_config("[log\n")
+    assert str(info.value).startswith("<config>: TOML syntax error: ")

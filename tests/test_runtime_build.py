@@ -437,6 +437,9 @@ def test_from_data_rebuilds_values_from_their_type_hints() -> None:
     assert from_data(int | None, None) is None
     assert from_data(int | None, 5) == 5
     assert from_data(str | int, "x") == "x"
+    # A union of more than one type is kept as JSON gave it (not forced into the first).
+    assert from_data(tuple[int, ...] | str, "abc") == "abc"
+    assert from_data(FieldSettings | int, 5) == 5
     assert from_data(
         FieldSettings | None, {"quantity": "q", "unit": None, "scale": 2.0, "offset": 1.0}
     ) == (FieldSettings("q", None, 2.0, 1.0))
