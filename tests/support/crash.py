@@ -118,6 +118,8 @@ class Publisher:
     acked: set[int] = field(default_factory=set)
     mids: dict[int, int] = field(default_factory=dict)
     early: set[int] = field(default_factory=set)
+    #: When the last acknowledgement came (``time.monotonic``; 0: none yet).
+    last_ack: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
 
@@ -125,6 +127,16 @@ class Publisher:
         if self.topics == 1:
             return f"{TOPIC}/{self.name}"
         return f"{TOPIC}/{self.name}/{seq % self.topics}"
+
+    @property
+    def ack(self) -> str:
+        """The packet that acknowledges this publisher's messages."""
+        return "PUBCOMP" if self.qos == 2 else "PUBACK"
+
+    def unacknowledged(self) -> int:
+        """Messages sent and not yet answered."""
+        with self.lock:
+            return len(self.mids)
 
     def is_clear(self, seq: int) -> bool:
         return self.clear_every > 0 and seq % self.clear_every == 0
@@ -147,6 +159,8 @@ class Publisher:
         ok = not (hasattr(rc, "is_failure") and rc.is_failure)
         with self.lock:
             seq = self.mids.pop(mid, None)
+            if ok:
+                self.last_ack = time.monotonic()
             if seq is None:
                 if ok:
                     self.early.add(mid)  # acknowledged before publish() returned
@@ -184,10 +198,11 @@ class Publisher:
                     self.mids[info.mid] = seq
             self.sent = seq
 
-    def finish(self, timeout: float) -> None:
+    def halt(self) -> None:
+        """Publish no more; what is in flight may still be acknowledged."""
         self.stop.set()
-        self.thread.join(5)
-        wait_for(lambda: not self.mids, timeout, f"{self.name}'s messages acknowledged")
+        if hasattr(self, "thread"):
+            self.thread.join(5)
 
 
 @dataclass
@@ -301,11 +316,39 @@ class Load:
             p.start()
 
     def finish(self, timeout: float) -> dict[str, set[int]]:
-        """Stop publishing and wait until everything sent is acknowledged; returns the
-        acknowledged numbers per publisher."""
+        """Stop publishing and wait (up to ``timeout`` s, for all of them together)
+        until everything sent is acknowledged; returns the acknowledged numbers per
+        publisher. AssertionError names each publisher still waiting and for how many.
+
+        Every publisher stops first: one that the broker stopped answering must not
+        leave the others flooding it for the rest of the run (each message they send
+        then makes every later wait and check slower)."""
         for p in self.publishers:
-            p.finish(timeout)
-        return {p.name: set(p.acked) for p in self.publishers}
+            p.stop.set()
+        for p in self.publishers:
+            p.halt()
+        try:
+            wait_for(
+                lambda: not any(p.unacknowledged() for p in self.publishers),
+                timeout,
+                "every message sent acknowledged",
+            )
+        except AssertionError:
+            waiting = [
+                f"{p.name} got no {p.ack} for {n} of its {p.sent} messages"
+                for p in self.publishers
+                if (n := p.unacknowledged())
+            ]
+            raise AssertionError(f"within {timeout:g} s: " + "; ".join(waiting)) from None
+        return self.acknowledged()
+
+    def acknowledged(self) -> dict[str, set[int]]:
+        """The numbers each publisher saw acknowledged so far."""
+        out = {}
+        for p in self.publishers:
+            with p.lock:
+                out[p.name] = set(p.acked)
+        return out
 
     def wait_delivered(
         self, subscribers: list[Subscriber], expected: dict[str, set[int]], timeout: float
@@ -349,24 +392,43 @@ class Load:
                     f"{s.name}: {n}:{q} arrived without its properties" for n, q in s.stripped
                 )
             counts = Counter(received)
+            firsts_all = list(dict.fromkeys(received))
             for p in self.publishers:
-                firsts = [q for (n, q) in dict.fromkeys(received) if n == p.name]
+                firsts = [q for (n, q) in firsts_all if n == p.name]
                 if firsts != sorted(firsts):
                     problems.append(f"{s.name}: messages of {p.name} out of order")
                 once = exactly_once and p.qos == 2 and s.qos == 2
-                for q in expected[p.name]:
+                lost: list[int] = []
+                twice: list[tuple[int, int]] = []
+                for q in sorted(expected[p.name]):
                     if not self._identifiable(p, s, q):
                         continue
                     checked += 1
                     n = counts[(p.name, q)]
                     duplicates += max(0, n - 1)
                     if n == 0:
-                        problems.append(f"{s.name}: {p.name}:{q} acknowledged but never delivered")
+                        lost.append(q)
                     elif once and n > 1:
-                        problems.append(f"{s.name}: {p.name}:{q} delivered {n} times at QoS 2")
+                        twice.append((q, n))
+                # One line per subscriber and publisher, so that thousands of lost
+                # messages still leave a report one can read.
+                if lost:
+                    problems.append(
+                        f"{s.name}: {len(lost)} of {p.name}'s {len(expected[p.name])} "
+                        f"acknowledged messages never delivered: " + _numbers(p.name, lost)
+                    )
+                if twice:
+                    problems.append(
+                        f"{s.name}: {len(twice)} of {p.name}'s messages delivered more than "
+                        "once at QoS 2: "
+                        + ", ".join(f"{p.name}:{q} x{n}" for q, n in twice[:10])
+                        + (", ..." if len(twice) > 10 else "")
+                    )
         return checked, duplicates, problems
 
     def close(self, *extra: Subscriber) -> None:
+        for p in self.publishers:
+            p.stop.set()  # their threads, too, end with the clients
         clients = [p.client for p in self.publishers if hasattr(p, "client")]
         clients += [s.client for s in [*self.subscribers, *extra] if hasattr(s, "client")]
         for client in clients:
@@ -376,6 +438,11 @@ class Load:
             # cycle (its callbacks are methods of the object holding it), and the
             # collector may finalize the pair before paho closes it ("unclosed socket")
             client._reset_sockets()
+
+
+def _numbers(name: str, seqs: list[int], show: int = 10) -> str:
+    """``seqs`` (sorted) as ``name:a, name:b, ...``, the first ``show`` of them."""
+    return ", ".join(f"{name}:{q}" for q in seqs[:show]) + (", ..." if len(seqs) > show else "")
 
 
 @dataclass
