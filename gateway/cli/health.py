@@ -194,7 +194,7 @@ def probe_listener(lc: ListenerSettings, index: int, login: Login) -> ListenerFa
     """CONNECT to one listener and note the CONNACK (or why none came)."""
     host = _host(lc.host)
     address = _address(host, lc.port)
-    name = lc.name or f"{address}"
+    name = lc.name or _address(lc.host or "0.0.0.0", lc.port)
     tls = lc.type in ("tls", "websocket-tls")
     websocket = lc.type.startswith("websocket")
     via = " + ".join(
