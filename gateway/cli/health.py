@@ -58,6 +58,8 @@ EXIT_CONFIG = 2
 PROBE_TIMEOUT = 3.0
 #: Seconds between rounds of ``--wait`` (a polling interval, not a synchronisation).
 RETRY_EVERY = 1.0
+#: ``--wait`` without a number: the config's ``health.timeout``.
+FROM_CONFIG = -1.0
 USERNAME_ENV = "LEDGE_HEALTH_USERNAME"
 PASSWORD_ENV = "LEDGE_HEALTH_PASSWORD"
 SYS = "$SYS/broker/"
@@ -80,8 +82,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--wait",
         nargs="?",
-        type=float,
-        const=0.0,
+        type=_seconds,
+        const=FROM_CONFIG,
         metavar="SECONDS",
         help="check again until healthy or SECONDS pass (without a number: the "
         "config's health.timeout, 300); default: check once",
@@ -91,6 +93,16 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="print the verdict as JSON: healthy, elapsed_seconds, checks (name, ok, detail)",
     )
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not 0 or more seconds")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,10 +125,7 @@ def main(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return EXIT_CONFIG
     wait: float | None = args.wait
-    if wait is not None and wait < 0:
-        print("ledge health: --wait must be 0 or more seconds", file=sys.stderr)
-        return EXIT_CONFIG
-    if wait == 0.0:
+    if wait == FROM_CONFIG:
         wait = config.health.timeout
     login = Login.from_env()
     started = time.monotonic()
