@@ -37,6 +37,7 @@ TEMPLATES: dict[str, str] = {
     "auth": "[auth]\n{}",
     "store": "[store]\n{}",
     "gateway": "[gateway]\n{}",
+    "health": "[health]\n{}",
     "readings": "[readings]\n{}",
     "taps": '[taps]\nmodule = "{taps}"\n{}',
     "bluetooth": "[bluetooth]\n{}",

@@ -24,6 +24,7 @@ from gateway.app.config import (
     GatewayConfig,
     GattCharacteristicConfig,
     GattFieldConfig,
+    HealthConfig,
     HomeAssistantConfig,
     HTTPConfig,
     ListenerConfig,
@@ -108,6 +109,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("[auth]", AuthConfig),
     ("[log]", LogConfig),
     ("# [http]", HTTPConfig),
+    ("[health]", HealthConfig),
 ]
 
 
@@ -140,6 +142,7 @@ def test_example_config_documents_every_option_and_its_reload(
             "bluetooth",
             "ble",
             "mqttsn",
+            "health",
         ):
             continue
         m = re.search(rf"^((?:#.*\n)+)#? ?{name} = ", section, re.M)

@@ -293,8 +293,8 @@ def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
     assert "socket" in found and "gateway.net" in found
 
 
-#: The metrics view and the status page: values in, text out.
-PURE_METRICS = ["view.py", "page.py"]
+#: The metrics view, the status page and the health verdict: values in, text out.
+PURE_METRICS = ["view.py", "page.py", "health.py"]
 
 
 @pytest.mark.parametrize("name", PURE_METRICS)

@@ -33,6 +33,7 @@ from gateway.app.runtime import (
     AuthSettings,
     ConfigError,
     GatewaySettings,
+    HealthSettings,
     ListenerSettings,
     LogSettings,
     RuntimeConfig,
@@ -533,6 +534,7 @@ BridgeConfig = section_model(
 )
 AuthConfig = section_model(AuthSettings, _AuthChecks, also=(BrokerSettings, "auth"))
 LogConfig = section_model(LogSettings)
+HealthConfig = section_model(HealthSettings)
 
 
 # ----------------------------------------------------------------------- [mqttsn]

@@ -121,6 +121,16 @@ class GatewaySettings:
 
 
 @dataclass(frozen=True, slots=True)
+class HealthSettings:
+    """``[health]``: what ``ledge health`` holds the gateway to. The running gateway
+    reads none of it (a reload changes nothing in it)."""
+
+    #: Seconds ``ledge health --wait`` (without a number) keeps checking before it
+    #: calls the gateway unhealthy.
+    timeout: float = option(300.0, reload=True, gt=0, le=DAY)
+
+
+@dataclass(frozen=True, slots=True)
 class TapSettings:
     module: str | None = option(None)
     queue_size: int = option(1000, ge=1, le=INT31)
@@ -150,6 +160,7 @@ class RuntimeConfig:
     mqttsn: MqttSnSettings = option(factory=MqttSnSettings)
     auth: AuthSettings = option(factory=AuthSettings)
     log: LogSettings = option(factory=LogSettings)
+    health: HealthSettings = option(factory=HealthSettings)
     #: None: no ``[http]`` table (no HTTP listener).
     http: HTTPSettings | None = option(None, reload=True)
     #: The file the config came from (None: the embedded default) ...

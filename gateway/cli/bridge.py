@@ -176,11 +176,16 @@ def _status(config: Config, args: argparse.Namespace) -> int:
 
 
 def collect(
-    host: str, port: int, username: str | None = None, password: str | None = None
+    host: str,
+    port: int,
+    username: str | None = None,
+    password: str | None = None,
+    filters: tuple[str, ...] = (PREFIX + "#",),
 ) -> dict[str, str]:
-    """The retained ``$SYS/broker/bridge/#`` values of a running gateway."""
+    """The retained values under ``filters`` (``$SYS/broker/bridge/#``) of a running
+    gateway."""
     reader = PacketReader(version=MQTT_5)
-    client_id = f"ledge-bridge-status-{os.getpid()}"
+    client_id = f"ledge-status-{os.getpid()}"
     with socket.create_connection((host, port), timeout=LONGEST) as sock:
         sock.sendall(
             encode(
@@ -196,7 +201,8 @@ def collect(
                 MQTT_5,
             )
         )
-        sock.sendall(encode(Subscribe(1, (SubscriptionRequest(PREFIX + "#", 0),)), MQTT_5))
+        requests = tuple(SubscriptionRequest(f, 0) for f in filters)
+        sock.sendall(encode(Subscribe(1, requests), MQTT_5))
         values: dict[str, str] = {}
         deadline = time.monotonic() + LONGEST
         quiet_until = time.monotonic() + LONGEST

@@ -1,5 +1,5 @@
 """``ledge`` command line: run the gateway, check a config, manage a password file,
-print the version."""
+look at (and judge the health of) a running gateway, print the version."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from gateway import __version__
 from gateway.app.config import Config, Overrides, config_changes, load_config, parse_listen
 from gateway.app.runtime import RUNTIME_ENV, ConfigError, build_authenticator, file_warnings
-from gateway.cli import ble, bridge, status
+from gateway.cli import ble, bridge, health, status
 
 EXIT_OK = 0
 EXIT_CONFIG = 2
@@ -83,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--print-runtime", action="store_true", help=argparse.SUPPRESS)
     bridge.add_parser(commands)
     status.add_parser(commands)
+    health.add_parser(commands)
     ble.add_parser(commands)
 
     from gateway.cli import passwd
@@ -129,6 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return bridge.main(args)
     if args.command == "status":
         return status.main(args)
+    if args.command == "health":
+        return health.main(args)
     if args.command == "ble":
         return ble.main(args)
     if args.command == "passwd":

@@ -69,6 +69,8 @@ class Hub(Protocol):
 
     def publish_status(self, driver: str, device: str, online: bool) -> None: ...
 
+    def silent_since(self, heard: float | None) -> str: ...
+
 
 @dataclass(slots=True)
 class DeviceStats:
@@ -117,6 +119,14 @@ class Device:
         self.rssi: int | None = None
         #: The newest reading of each quantity (for the status page).
         self.last: dict[str, Reading] = {}
+        #: When (the hub's clock) a GATT value last came; None: none yet.
+        self.gatt_heard: float | None = None
+
+    @property
+    def heard(self) -> float | None:
+        """When the device was last heard: an advert it sent, or a GATT value."""
+        times = [t for t in (self.presence.last_heard, self.gatt_heard) if t is not None]
+        return max(times, default=None)
 
     def count(self, reason: str) -> None:
         self.stats.errors[reason] = self.stats.errors.get(reason, 0) + 1
@@ -741,6 +751,7 @@ class BleSensors:
             out[prefix + "readings"] = str(st.readings)
             out[prefix + "repeats"] = str(st.repeats)
             out[prefix + "present"] = "1" if device.presence.home else "0"
+            out[prefix + "silent since"] = self.hub.silent_since(device.heard)
             if device.rssi is not None:
                 out[prefix + "rssi"] = str(device.rssi)
             if device.gatt is not None:
@@ -764,6 +775,7 @@ class BleSensors:
                 char.uuid, exc, data.hex(),
             )  # fmt: skip
             return
+        device.gatt_heard = now
         readings: list[Reading] = []
         self._publish(device, device.publisher.offer(samples, (), now), now_utc(), readings)
         if readings:

@@ -68,6 +68,8 @@ class SerialSensor:
         self.stats = DeviceStats()
         #: The newest reading of each quantity (for the status page).
         self.last: dict[str, Reading] = {}
+        #: When (the hub's clock) the newest reading was made; None: none yet.
+        self.heard: float | None = None
         self._budget = LOG_BUDGET
         self._budget_reset = 0.0
         self._suppressed = 0
@@ -136,6 +138,7 @@ class SerialSensor:
                 self._problem("%s: line at byte offset %d: %s", name, item.offset, problem)
             readings.extend(got)
         if readings:
+            self.heard = self.hub.clock()
             self.stats.readings += len(readings)
             last = self.last
             for reading in readings:
@@ -170,16 +173,28 @@ class SensorHub:
         self.announced: set[tuple[str, str, str]] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self.gateway_status = f"{settings.prefix}/{settings.gateway}/status"
+        #: When (the hub's clock) the hub started: devices not heard yet are silent since.
+        self.started = clock()
 
     # ------------------------------------------------------------------ life cycle
 
+    def silent_since(self, heard: float | None) -> str:
+        """The wall-clock time (Unix, to a tenth of a second) since which a device has not
+        been heard: its newest reading, or the hub's start when none came yet. Taken
+        from the monotonic clock at each call, so a step of the wall clock moves it too
+        and ``now - silent since`` stays the true silence (``ledge health`` reads it)."""
+        since = self.started if heard is None else heard
+        return f"{time.time() - (self.clock() - since):.1f}"
+
     def sys_values(self) -> dict[str, str]:
-        """Per device: lines read, readings made, unreadable lines, garbage bytes skipped."""
+        """Per device: lines read, readings made, unreadable lines, garbage bytes skipped,
+        and since when it has been silent."""
         out: dict[str, str] = {}
         for name, sensor in self.sensors.items():
             st = sensor.stats
             base = f"sensors/serial/{name}/"
             out[base + "connected"] = "1" if sensor.port.connected else "0"
+            out[base + "silent since"] = self.silent_since(sensor.heard)
             out[base + "lines"] = str(st.lines)
             out[base + "readings"] = str(st.readings)
             out[base + "bad lines"] = str(st.bad_lines)

@@ -49,6 +49,10 @@ class SerialSettings:
     only_mapped: bool = option(False)
     commands: bool = option(False)
     command_newline: str = option("\n")
+    #: Seconds within which a reading is expected (``ledge health`` names the device
+    #: when none came for longer); 0: the port being open is enough. Only ``ledge
+    #: health`` reads it.
+    heard_within: float = option(0.0, reload=True, ge=0, le=DAY)
 
 
 @dataclass(frozen=True, slots=True)
