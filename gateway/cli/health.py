@@ -434,7 +434,7 @@ def _ble_interval(config: RuntimeConfig, d: BleDeviceSettings, i: int) -> tuple[
 def probe_mqttsn(udp: UdpSettings, gateway_id: int) -> MqttSnFact:
     """SEARCHGW to one UDP transport; it must answer GWINFO (MQTT-SN 1.2, 6.1)."""
     from gateway.mqttsn.codec import decode
-    from gateway.mqttsn.codec import encode as sn_encode
+    from gateway.mqttsn.encoding import encode as sn_encode
     from gateway.mqttsn.packets import GwInfo, SearchGw
 
     host = _host(udp.host)
