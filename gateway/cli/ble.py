@@ -17,11 +17,11 @@ import os
 import socket
 import sys
 import time
-from pathlib import Path
 from typing import Any, Final
 
-from gateway.app.config import Config, load_config, parse_listen
+from gateway.app.config import Config, load_config
 from gateway.app.runtime import ConfigError
+from gateway.cli.target import add_target_args, target
 from gateway.mqtt import (
     MQTT_5,
     ConnAck,
@@ -66,16 +66,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "config, or --broker).",
     )
     reset.add_argument("device", metavar="DEVICE", help="the device's address (or its name)")
-    reset.add_argument("-c", "--config", type=Path, metavar="FILE", help="TOML config file")
-    reset.add_argument(
-        "--broker", metavar="HOST:PORT", help="where the gateway listens (default: from config)"
-    )
-    reset.add_argument("--username", help="user name, when the listener wants one")
-    reset.add_argument(
-        "--password-env",
-        metavar="VAR",
-        help="environment variable holding the password (never on the command line)",
-    )
+    add_target_args(reset)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -107,20 +98,15 @@ def reset_counter(args: argparse.Namespace) -> int:
         return fail(f"no [[ble]] device with address or name {args.device!r} in {where}", 2)
     if device.bindkey is None:
         return fail(f"{device.name} has no bindkey in {where}: it has no counter to reset", 2)
-    if args.broker:
-        try:
-            host, port = parse_listen(args.broker)
-        except ValueError as exc:
-            return fail(f"--broker: {exc}", EXIT_USAGE)
-    else:
-        host, port = config.listeners[0].host, config.listeners[0].port
-    if host in ("0.0.0.0", "::", ""):
-        host = "127.0.0.1"
-    password = os.environ.get(args.password_env, "") if args.password_env else None
+    try:
+        to = target(args, config)
+    except ValueError as exc:
+        return fail(str(exc), EXIT_USAGE)
+    host, port = to.host, to.port
     sensors = runtime.sensors
     topic = f"{sensors.prefix}/{sensors.gateway}/ble/{device.name}/{RESET_COUNTER}"
     try:
-        answer = request(host, port, topic, args.username, password)
+        answer = request(host, port, topic, to.username, to.password)
     except (OSError, MQTTError, RuntimeError) as exc:
         return fail(f"{host}:{port}: {exc}", EXIT_FAILED)
     if not answer.get("ok"):

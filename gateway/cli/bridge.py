@@ -15,9 +15,10 @@ import sys
 import time
 from pathlib import Path
 
-from gateway.app.config import Config, load_config, parse_listen
+from gateway.app.config import Config, load_config
 from gateway.app.runtime import ConfigError
 from gateway.bridge.rules import explain, map_in, map_out
+from gateway.cli.target import add_target_args, target
 from gateway.mqtt import (
     MQTT_5,
     ConnAck,
@@ -74,16 +75,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--broker) and print each bridge's state, outbox and counters from "
         "$SYS/broker/bridge/. Counters are as fresh as broker.sys_interval.",
     )
-    status.add_argument("-c", "--config", type=Path, metavar="FILE", help="TOML config file")
-    status.add_argument(
-        "--broker", metavar="HOST:PORT", help="where the gateway listens (default: from config)"
-    )
-    status.add_argument("--username", help="user name, when the listener wants one")
-    status.add_argument(
-        "--password-env",
-        metavar="VAR",
-        help="environment variable holding the password (never on the command line)",
-    )
+    add_target_args(status)
     test = sub.add_parser(
         "test",
         help="which rule maps a topic, to what, and why the others do not",
@@ -137,19 +129,14 @@ def _test(config: Config, topic: str, inbound: bool) -> int:
 
 
 def _status(config: Config, args: argparse.Namespace) -> int:
-    if args.broker:
-        try:
-            host, port = parse_listen(args.broker)
-        except ValueError as exc:
-            print(f"--broker: {exc}", file=sys.stderr)
-            return 2
-    else:
-        host, port = config.listeners[0].host, config.listeners[0].port
-    if host in ("0.0.0.0", "::", ""):
-        host = "127.0.0.1"
-    password = os.environ.get(args.password_env, "") if args.password_env else None
     try:
-        values = collect(host, port, args.username, password)
+        to = target(args, config)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    host, port = to.host, to.port
+    try:
+        values = collect(host, port, to.username, to.password)
     except (OSError, MQTTError, RuntimeError) as exc:
         print(f"cannot read bridge status from {host}:{port}: {exc}", file=sys.stderr)
         return 1
