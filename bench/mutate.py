@@ -110,6 +110,7 @@ SCOPES: dict[str, Scope] = {
             "tests/test_mqttsn_flows.py",
             "tests/test_mqttsn_edges.py",  # return codes, refusal lines, Will, PUBLISH
             "tests/test_mqttsn_sessions.py",  # deadlines, sessions, sleep, registry, acks
+            "tests/test_mqttsn_pool.py",  # eviction choices, life-cycle log lines
             "tests/test_mqttsn_codec.py",
             "tests/test_mqttsn_config.py",
             "tests/test_metrics_collect.py",  # every counter, each by its own value
