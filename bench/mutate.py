@@ -111,6 +111,7 @@ SCOPES: dict[str, Scope] = {
             "tests/test_mqttsn_edges.py",  # return codes, refusal lines, Will, PUBLISH
             "tests/test_mqttsn_sessions.py",  # deadlines, sessions, sleep, registry, acks
             "tests/test_mqttsn_pool.py",  # eviction choices, life-cycle log lines
+            "tests/test_mqttsn_output.py",  # counted datagrams, held output, msg ids
             "tests/test_mqttsn_codec.py",
             "tests/test_mqttsn_config.py",
             "tests/test_metrics_collect.py",  # every counter, each by its own value
