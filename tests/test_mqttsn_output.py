@@ -11,6 +11,7 @@ import logging
 
 import pytest
 
+from gateway.broker.acl import parse_acl_file
 from gateway.broker.journal import Journal
 from gateway.mqtt import MQTT_311
 from gateway.mqttsn.packets import (
@@ -20,6 +21,11 @@ from gateway.mqttsn.packets import (
     PubAck,
     Publish,
     ReturnCode,
+    SubAck,
+    Subscribe,
+    TopicIdType,
+    UnsubAck,
+    Unsubscribe,
 )
 from gateway.mqttsn.state import TransportPolicy
 from tests.support.mqttsn import SnHarness
@@ -134,3 +140,54 @@ def test_publish_refusals_are_logged_at_info(caplog: pytest.LogCaptureFixture) -
     dev.publish(tid, b"x", qos=1)
     (record,) = [r for r in caplog.records if "PUBLISH on" in r.getMessage()]
     assert record.levelno == logging.INFO
+
+
+# ---------------------------------------------------------------------- SUBSCRIBE (6.9)
+
+
+def test_subscribe_answers_carry_their_ids_and_granted_qos() -> None:
+    h = SnHarness(max_topics_per_client=1, predefined_topics={3: "p/three"})
+    dev = h.device()
+    dev.connect()
+    dev.send(Subscribe(51, "a", -1))
+    assert dev.expect(SubAck) == SubAck(0, 51, ReturnCode.NOT_SUPPORTED)
+    dev.send(Subscribe(52, "a", 2))
+    assert dev.expect(SubAck) == SubAck(1, 52, ReturnCode.ACCEPTED, 2)
+    dev.send(Subscribe(53, "b", 1))  # the topic table is full: no id yet
+    assert dev.expect(SubAck) == SubAck(0, 53, ReturnCode.ACCEPTED, 1)
+    dev.send(Subscribe(54, 3, 1, TopicIdType.PREDEFINED))
+    assert dev.expect(SubAck) == SubAck(3, 54, ReturnCode.ACCEPTED, 1)
+    dev.send(Subscribe(55, 9, 1, TopicIdType.PREDEFINED))
+    assert dev.expect(SubAck) == SubAck(9, 55, ReturnCode.INVALID_TOPIC_ID)
+
+
+def test_a_refused_subscribe_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, LOGGER)
+    h = SnHarness(acl=parse_acl_file("pattern readwrite devices/%c/#\n"))
+    dev = h.device()
+    dev.connect("d1")
+    dev.send(Subscribe(5, "elsewhere/x", 1))
+    ack = dev.expect(SubAck)
+    assert (ack.msg_id, ack.return_code) == (5, ReturnCode.NOT_SUPPORTED)
+    lines = [r.getMessage() for r in caplog.records if "SUBSCRIBE" in r.getMessage()]
+    assert len(lines) == 1
+    assert lines[0].startswith("client 'd1': SUBSCRIBE 'elsewhere/x' refused: ")
+
+
+def test_unsubscribe_of_a_predefined_id_stops_delivery_and_unknown_ids_are_acked() -> None:
+    h = SnHarness(predefined_topics={3: "p/three"})
+    mqtt = h.client(MQTT_311)
+    mqtt.connect("pub")
+    dev = h.device()
+    dev.connect()
+    dev.subscribe(3, 0, TopicIdType.PREDEFINED)
+    dev.subscribe("s/plain", 0)
+    dev.send(Unsubscribe(60, 9, TopicIdType.PREDEFINED))
+    assert dev.expect(UnsubAck) == UnsubAck(60)
+    dev.send(Unsubscribe(61, 3, TopicIdType.PREDEFINED))
+    assert dev.expect(UnsubAck) == UnsubAck(61)
+    dev.send(Unsubscribe(62, "s/plain"))
+    assert dev.expect(UnsubAck) == UnsubAck(62)
+    mqtt.publish("p/three", b"x", qos=0)
+    mqtt.publish("s/plain", b"y", qos=0)
+    dev.nothing()
