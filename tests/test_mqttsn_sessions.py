@@ -14,6 +14,7 @@ import pytest
 
 from gateway.mqtt import MQTT_311
 from gateway.mqttsn.packets import (
+    Connect,
     Disconnect,
     PingReq,
     PingResp,
@@ -463,3 +464,27 @@ def test_shutdown_ends_every_session_without_wills() -> None:
     assert "a" not in h.broker.sessions
     h.advance(60)
     assert mqtt_messages(w) == []
+
+
+def test_a_publish_in_the_middle_of_the_will_prompts_gets_disconnect() -> None:
+    h = SnHarness()
+    w = watcher(h)
+    dev = h.device()
+    dev.connect("d1")
+    tid = dev.register("a").topic_id
+    dev.send(Connect("d1", 60, clean_session=False, will=True))
+    dev.take()  # WILLTOPICREQ
+    dev.publish(tid, b"x", qos=0)
+    assert dev.expect(Disconnect) == Disconnect()
+    assert mqtt_messages(w) == []
+
+
+def test_a_datagram_over_max_message_size_is_malformed_not_answered() -> None:
+    h = SnHarness(max_message_size=64)
+    dev = h.device()
+    dev.connect()
+    dev.send(Register(0, 1, "t" * 70))
+    dev.nothing()
+    assert h.gateway.stats.malformed == 1
+    dev.send(Register(0, 2, "t" * 50))
+    assert dev.expect(RegAck).return_code == ReturnCode.ACCEPTED
