@@ -432,8 +432,11 @@ class Load:
         clients = [p.client for p in self.publishers if hasattr(p, "client")]
         clients += [s.client for s in [*self.subscribers, *extra] if hasattr(s, "client")]
         for client in clients:
-            client.loop_stop()
+            # DISCONNECT first: paho's loop thread ends only once its queues are
+            # empty or its connection is gone, and a QoS 2 flow the gateway never
+            # completed keeps its queue full; loop_stop first then waits forever.
             client.disconnect()
+            client.loop_stop()
             # paho's wake-up socket pair, closed now: each client sits in a reference
             # cycle (its callbacks are methods of the object holding it), and the
             # collector may finalize the pair before paho closes it ("unclosed socket")

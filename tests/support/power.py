@@ -460,6 +460,7 @@ def run(
         device.power_on()  # the first boot: not a power back after a cut
         publish_sentinel(port)
         load.start(cloud)
+        shown = 0
         for i in range(cuts):
             # Run for a while, the cloud going away or coming back at a random point
             # in between now and then; then the cut at a random moment.
@@ -495,6 +496,8 @@ def run(
             except (AssertionError, OSError) as exc:
                 report.refused_starts += 1
                 report.problems.append(f"cut {i + 1} ({mode}): start refused: {exc}")
+                if progress:
+                    print(f"  {report.problems[-1]}", flush=True)
                 return report
             report.connack.append(took)
             state = retained_state(port, topics, device.answer_timeout)
@@ -505,6 +508,10 @@ def run(
                 found = check_retained(retained, acked, state, upper)
                 report.problems += [f"cut {i + 1} ({mode}): {x}" for x in found]
             report.retained_checks += 1
+            if progress:  # as they come: a rig that dies later has still said them
+                for problem in report.problems[shown:]:
+                    print(f"  {problem}", flush=True)
+                shown = len(report.problems)
             if progress and (i + 1) % every == 0:
                 print(
                     f"  {i + 1} cuts, {time.monotonic() - began:.0f} s, "
