@@ -12,7 +12,7 @@ from pathlib import Path
 from gateway import __version__
 from gateway.app.config import Config, Overrides, config_changes, load_config, parse_listen
 from gateway.app.runtime import RUNTIME_ENV, ConfigError, build_authenticator, file_warnings
-from gateway.cli import ble, bridge, status
+from gateway.cli import ble, bridge, firewall, status
 
 EXIT_OK = 0
 EXIT_CONFIG = 2
@@ -84,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     bridge.add_parser(commands)
     status.add_parser(commands)
     ble.add_parser(commands)
+    firewall.add_parser(commands)
 
     from gateway.cli import passwd
 
@@ -131,6 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return status.main(args)
     if args.command == "ble":
         return ble.main(args)
+    if args.command == "firewall":
+        return firewall.main(args)
     if args.command == "passwd":
         from gateway.cli import passwd
 
