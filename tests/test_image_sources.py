@@ -45,7 +45,12 @@ def test_build_names_each_missing_tool_and_its_package(tmp_path: Path) -> None:
         assert "must run as root" in done.stderr
         return
     assert "error in step 1/6 (tools)" in done.stderr
-    for tool, package in (("mmdebstrap", "mmdebstrap"), ("mcopy", "mtools"), ("xz", "xz-utils")):
+    for tool, package in (
+        ("mmdebstrap", "mmdebstrap"),
+        ("mcopy", "mtools"),
+        ("xz", "xz-utils"),
+        ("bmaptool", "bmap-tools"),  # the release's .bmap is never silently left out
+    ):
         assert f"{tool} (Debian package {package})" in done.stderr
     assert "scripts/setup --test" in done.stderr
 
