@@ -126,3 +126,32 @@ def test_bluez_runs_with_the_experimental_interfaces_for_passive_scanning(
         if line.strip() and "is not executable: No such file or directory" not in line
     ]
     assert not problems, "\n".join(problems)
+
+
+def test_the_image_opens_its_firewall_before_each_start_and_reload(tmp_path: Path) -> None:
+    """The image's drop-in runs the firewall helper as root before the gateway starts and
+    before it reloads (then sends SIGHUP as the unit does); systemd accepts the pair."""
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed")
+    drop_in = REPO / "image/rootfs/etc/systemd/system/ledge.service.d/firewall.conf"
+    lines = drop_in.read_text().splitlines()
+    assert "ExecStartPre=+/usr/local/sbin/ledge-firewall" in lines
+    reloads = [line.split("=", 1)[1] for line in lines if line.startswith("ExecReload=")]
+    assert reloads == ["", "+/usr/local/sbin/ledge-firewall", "/bin/kill -HUP $MAINPID"]
+    shutil.copy(REPO / "systemd" / "ledge.service", tmp_path / "ledge.service")
+    (tmp_path / "ledge.service.d").mkdir()
+    shutil.copy(drop_in, tmp_path / "ledge.service.d" / "firewall.conf")
+    done = subprocess.run(
+        ["systemd-analyze", "verify", str(tmp_path / "ledge.service")],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=dict(os.environ, SYSTEMD_LOG_COLOR="0"),
+        timeout=60,
+    )
+    problems = [
+        line
+        for line in (done.stdout + done.stderr).splitlines()
+        if line.strip() and "is not executable: No such file or directory" not in line
+    ]
+    assert not problems, "\n".join(problems)
