@@ -45,7 +45,12 @@ def test_build_names_each_missing_tool_and_its_package(tmp_path: Path) -> None:
         assert "must run as root" in done.stderr
         return
     assert "error in step 1/6 (tools)" in done.stderr
-    for tool, package in (("mmdebstrap", "mmdebstrap"), ("mcopy", "mtools"), ("xz", "xz-utils")):
+    for tool, package in (
+        ("mmdebstrap", "mmdebstrap"),
+        ("mcopy", "mtools"),
+        ("xz", "xz-utils"),
+        ("bmaptool", "bmap-tools"),  # the release's .bmap is never silently left out
+    ):
         assert f"{tool} (Debian package {package})" in done.stderr
     assert "scripts/setup --test" in done.stderr
 
@@ -109,6 +114,35 @@ def test_bluez_runs_with_the_experimental_interfaces_for_passive_scanning(
     shutil.copy(drop_in, tmp_path / "bluetooth.service.d" / "ledge.conf")
     done = subprocess.run(
         ["systemd-analyze", "verify", str(unit)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=dict(os.environ, SYSTEMD_LOG_COLOR="0"),
+        timeout=60,
+    )
+    problems = [
+        line
+        for line in (done.stdout + done.stderr).splitlines()
+        if line.strip() and "is not executable: No such file or directory" not in line
+    ]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_image_opens_its_firewall_before_each_start_and_reload(tmp_path: Path) -> None:
+    """The image's drop-in runs the firewall helper as root before the gateway starts and
+    before it reloads (then sends SIGHUP as the unit does); systemd accepts the pair."""
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed")
+    drop_in = REPO / "image/rootfs/etc/systemd/system/ledge.service.d/firewall.conf"
+    lines = drop_in.read_text().splitlines()
+    assert "ExecStartPre=+/usr/local/sbin/ledge-firewall" in lines
+    reloads = [line.split("=", 1)[1] for line in lines if line.startswith("ExecReload=")]
+    assert reloads == ["", "+/usr/local/sbin/ledge-firewall", "/bin/kill -HUP $MAINPID"]
+    shutil.copy(REPO / "systemd" / "ledge.service", tmp_path / "ledge.service")
+    (tmp_path / "ledge.service.d").mkdir()
+    shutil.copy(drop_in, tmp_path / "ledge.service.d" / "firewall.conf")
+    done = subprocess.run(
+        ["systemd-analyze", "verify", str(tmp_path / "ledge.service")],
         capture_output=True,
         text=True,
         check=False,

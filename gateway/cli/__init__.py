@@ -1,6 +1,6 @@
 """The ``ledge`` command (``main``: ``run``, ``check-config``, ``version``) and one module
 per subcommand that is more than a few lines (``bridge``, ``status``, ``ble``,
-``passwd``).
+``passwd``, ``firewall``).
 
 Everything here runs in the short-lived command process: ``ledge run`` validates the
 config and then execs into the gateway process (``gateway.app``), leaving this

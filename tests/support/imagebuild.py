@@ -77,13 +77,17 @@ def start() -> None:
         return  # another worker of this run started it
     STATUS.unlink(missing_ok=True)
     _Report.FILE.unlink(missing_ok=True)
-    for old in OUT.glob("ledge-*.img.xz"):
+    for old in [*OUT.glob("ledge-*.img.xz"), *OUT.glob("ledge-*.img")]:
         old.unlink()  # never test an image left over from an earlier build
     _build.started = time.monotonic()
     # At the tests' priority: it is the longest path of the run (mostly one process at a
     # time, so the tests keep the other core). xz -1 instead of -6: several minutes
-    # less, about a fifth bigger, the same image inside.
-    command = [str(REPO / "image" / "build"), "--out", str(OUT), "--xz-level", "1"]
+    # less, about a fifth bigger, the same image inside. The .img stays too: the
+    # reproducibility test builds again and compares it.
+    command = [
+        str(REPO / "image" / "build"),
+        *("--out", str(OUT), "--xz-level", "1", "--keep-img"),
+    ]
     script = '"$@"; echo $? > "$STATUS.tmp"; mv "$STATUS.tmp" "$STATUS"'
     with LOG.open("wb") as log:
         _build.proc = subprocess.Popen(

@@ -8,8 +8,9 @@ role's tests):
   partition written and read with mtools as a laptop would;
 - ``Vm``: ``qemu-system-aarch64 -M virt -cpu cortex-a72`` (TCG), the card as a virtio
   disk, the kernel, initrd and command line taken from the boot partition, guest ports
-  forwarded to free loopback ports; stopped by a hard power-off (SIGKILL) at the latest
-  when the ``with`` block ends;
+  forwarded to free loopback ports, a hardware watchdog (an Intel 6300ESB on PCI, the
+  one virt can have; the Pi has its SoC's) that resets the machine; stopped by a hard
+  power-off (SIGKILL) at the latest when the ``with`` block ends;
 - ``ssh_keypair`` and ``Vm.ssh``: an SSH key the test controls.
 """
 
@@ -181,6 +182,9 @@ class Vm:
     #: What QEMU opens as the card (default: the image file itself); the power-cut rig
     #: puts a disk with a volatile write cache in front of it (``tests.support.nbdcache``).
     drive: str | None = None
+    #: A hardware watchdog for systemd to arm (``-device i6300esb``: when it fires, the
+    #: machine resets, and with ``-no-reboot`` QEMU exits).
+    watchdog: bool = True
     #: The loopback port of each guest port, kept from one boot to the next (clients
     #: reconnect to the same address, as on a LAN).
     ports: dict[str, int] = field(default_factory=dict)
@@ -220,6 +224,8 @@ class Vm:
             "-nographic", "-no-reboot", "-serial", f"file:{self.console}",
             "-monitor", "none",
         ]  # fmt: skip
+        if self.watchdog:
+            cmd += ["-device", "i6300esb"]
         self.started = time.monotonic()
         with (self.workdir / f"qemu-{self.boots}.err").open("wb") as err:
             self.proc = subprocess.Popen(
@@ -308,6 +314,20 @@ class Vm:
                 f"ssh {command!r} exited with {done.returncode}:\n{done.stdout}{done.stderr}"
             )
         return done
+
+    def wait_stopped(self, timeout: float) -> int:
+        """Wait until the guest stops the machine itself (a reboot or a power-off:
+        with ``-no-reboot`` QEMU exits on either); its exit status."""
+        proc = self.proc
+        assert proc is not None, "not running"
+        try:
+            status = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"the guest did not stop within {timeout} s:\n{self.console_text[-3000:]}"
+            ) from None
+        self.proc = None
+        return status
 
     def power_off(self) -> None:
         """Pull the plug: SIGKILL, no shutdown of any kind in the guest."""
