@@ -64,9 +64,10 @@ def test_each_connect_refusal_logs_its_client_id_and_reason(
     lines = refusal_lines(caplog)
     assert len(lines) == 4
     assert "'p1'" in lines[0] and "protocol id 0x02 is not 0x01" in lines[0]
-    assert "'a+b'" in lines[1] and "client id must be 1-64 characters" in lines[1]
+    assert "'a+b'" in lines[1]
+    assert lines[1].endswith(": client id must be 1-64 characters, no '/', '+', '#'")
     assert "'nope'" in lines[2] and "client id not in serial's allow_client_ids" in lines[2]
-    assert "'taken'" in lines[3] and "client id in use by an MQTT client" in lines[3]
+    assert lines[3].endswith("refusing CONNECT of 'taken': client id in use by an MQTT client")
     assert h.gateway.stats.clients_refused == 4
 
 
@@ -329,9 +330,15 @@ def test_publish_refusals_are_counted_once_each_and_logged(
     pid = dev.publish(tid, b"x", qos=1)
     assert dev.expect(PubAck) == PubAck(tid, pid, ReturnCode.NOT_SUPPORTED)
     assert h.gateway.stats.publish_refused == 2
+    other = h.device(("10.0.0.77", 1))  # another source: its own line
+    other.connect("dev2")
+    tid2 = other.register("$SYS/y").topic_id
+    other.publish(tid2, b"y", qos=1)
     lines = [r.getMessage() for r in caplog.records if "PUBLISH on" in r.getMessage()]
-    assert len(lines) == 1
-    assert lines[0].startswith("client 'dev1': PUBLISH on '$SYS/x' refused: ")
+    assert lines == [
+        "client 'dev1': PUBLISH on '$SYS/x' refused: $SYS is read-only",
+        "client 'dev2': PUBLISH on '$SYS/y' refused: $SYS is read-only",
+    ]
 
 
 def test_gates_see_the_payload_size_and_a_full_store_refuses_retained_only() -> None:
@@ -492,3 +499,59 @@ def test_pingreq_keeps_a_client_active_with_pingresp() -> None:
     dev.connect("d1", 10)
     dev.send(PingReq())
     assert dev.expect(PingResp) == PingResp()
+
+
+def test_each_refusal_adds_one_to_publish_refused() -> None:
+    """A counter added to, not set: the second refusal of each kind makes it 2."""
+    h = SnHarness()
+    dev = h.device()
+    dev.connect()
+    for _ in range(2):
+        dev.publish(42, b"x", qos=1)
+    assert h.gateway.stats.publish_refused == 2
+    dev.take()
+    tid = dev.register("$SYS/x").topic_id
+    for _ in range(2):
+        dev.publish(tid, b"x", qos=1)
+    assert h.gateway.stats.publish_refused == 4
+    dev.take()
+    ok = dev.register("q/2").topic_id
+    for _ in range(16):
+        dev.publish(ok, b"x", qos=2)
+    for _ in range(2):
+        dev.publish(ok, b"x", qos=2)
+    assert h.gateway.stats.publish_refused == 6
+
+
+def test_each_qos_minus_one_refusal_adds_one() -> None:
+    h = SnHarness(predefined_topics={1: "p/one", 2: "$SYS/x"})
+    dev = h.device()
+    for _ in range(2):
+        dev.publish(1, b"n", qos=-1, id_type=TopicIdType.NORMAL)
+    assert h.gateway.stats.publish_refused == 2
+    for _ in range(2):
+        dev.publish(9, b"u", qos=-1, id_type=TopicIdType.PREDEFINED)
+    assert h.gateway.stats.publish_refused == 4
+    for _ in range(2):
+        dev.publish(2, b"s", qos=-1, id_type=TopicIdType.PREDEFINED)
+    assert h.gateway.stats.publish_refused == 6
+    off = SnHarness(predefined_topics={1: "p/one"}, qos_minus_one=False)
+    for _ in range(2):
+        off.device().publish(1, b"x", qos=-1, id_type=TopicIdType.PREDEFINED)
+    assert off.gateway.stats.publish_refused == 2
+
+
+def test_a_node_behind_a_forwarder_publishes_retained_qos1() -> None:
+    """A forwarded PUBLISH takes the decoded path: its flags and time count the same."""
+    h = SnHarness()
+    w = watcher(h, qos=1)
+    node = h.device("ttyS0", transport="uart", node_id=b"\x00\x05")
+    node.connect("n5", 10)
+    tid = node.register("n/5").topic_id
+    h.advance(14)
+    pid = node.publish(tid, b"v", qos=1, retain=True)
+    assert node.expect(PubAck) == PubAck(tid, pid, ReturnCode.ACCEPTED)
+    assert mqtt_messages(w) == [("n/5", b"v", 1, False)]
+    assert [m.payload for m in h.broker.retained.matching("n/5", h.now)] == [b"v"]
+    h.advance(14.9)
+    assert "n5" in h.gateway.by_id
