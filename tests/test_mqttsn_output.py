@@ -14,8 +14,13 @@ import pytest
 from gateway.broker.acl import parse_acl_file
 from gateway.broker.journal import Journal
 from gateway.mqtt import MQTT_311
+from gateway.mqttsn.codec import decode
+from gateway.mqttsn.encoding import encode
+from gateway.mqttsn.gateway import Gateway
 from gateway.mqttsn.packets import (
     Advertise,
+    ConnAck,
+    Connect,
     PingReq,
     PingResp,
     PubAck,
@@ -191,3 +196,15 @@ def test_unsubscribe_of_a_predefined_id_stops_delivery_and_unknown_ids_are_acked
     mqtt.publish("p/three", b"x", qos=0)
     mqtt.publish("s/plain", b"y", qos=0)
     dev.nothing()
+
+
+def test_the_shell_is_kicked_by_the_gateway_it_built() -> None:
+    """``kick`` given to the constructor is what tells the shell there is output."""
+    h = SnHarness()
+    kicks: list[int] = []
+    gw = Gateway(
+        h.broker, h.settings, [TransportPolicy("udp")], now=h.now, kick=lambda: kicks.append(1)
+    )
+    gw.received("udp", ("10.0.0.2", 1), encode(Connect("k1", 60)), h.now)
+    assert kicks == [1]
+    assert [decode(d) for _t, _a, d in gw.take_output()] == [ConnAck(ReturnCode.ACCEPTED)]
