@@ -16,6 +16,7 @@ from gateway.mqtt import MQTT_311
 from gateway.mqttsn.packets import (
     Connect,
     Disconnect,
+    Packet,
     PingReq,
     PingResp,
     PubAck,
@@ -26,7 +27,11 @@ from gateway.mqttsn.packets import (
     RegAck,
     Register,
     ReturnCode,
+    Subscribe,
     TopicIdType,
+    Unsubscribe,
+    WillMsgUpd,
+    WillTopicUpd,
 )
 from tests.support.mqttsn import SnHarness
 from tests.test_mqttsn_gateway import mqtt_messages, watcher
@@ -488,3 +493,62 @@ def test_a_datagram_over_max_message_size_is_malformed_not_answered() -> None:
     assert h.gateway.stats.malformed == 1
     dev.send(Register(0, 2, "t" * 50))
     assert dev.expect(RegAck).return_code == ReturnCode.ACCEPTED
+
+
+def test_every_kind_of_message_keeps_a_client_alive() -> None:
+    """Acknowledgements, SUBSCRIBE, UNSUBSCRIBE, REGISTER, Will updates: each is heard
+    and restarts the keep alive (1.5 x 10 s), so the client outlives many of them."""
+    h = SnHarness(retry_interval=100)
+    mqtt = h.client(MQTT_311)
+    mqtt.connect("pub")
+    dev = h.device()
+    dev.connect("d1", 10, will=("st/d1", b"m", 0, False))
+    sent: list[Packet] = [
+        Subscribe(1, "in/1", 1),
+        Subscribe(2, "in/2", 2),
+        Subscribe(3, "cmd/#", 1),
+        Unsubscribe(4, "none"),
+        Register(0, 5, "out"),
+        WillTopicUpd("st/d1", 0, False),
+        WillMsgUpd(b"m2"),
+    ]
+    for packet in sent:
+        h.advance(14)
+        dev.send(packet)
+    dev.take()  # SUBACKs, UNSUBACK, REGACK, WILLTOPICRESP, WILLMSGRESP
+    mqtt.publish("in/1", b"1", qos=1)
+    pub = dev.expect(Publish)
+    h.advance(14)
+    dev.ack(pub)
+    mqtt.publish("in/2", b"2", qos=2)
+    pub = dev.expect(Publish)
+    h.advance(14)
+    dev.send(PubRec(pub.msg_id))
+    assert dev.expect(PubRel) == PubRel(pub.msg_id)
+    h.advance(14)
+    dev.send(PubComp(pub.msg_id))
+    mqtt.publish("cmd/x", b"3", qos=1)
+    reg = dev.expect(Register)
+    h.advance(14)
+    dev.send(RegAck(reg.topic_id, reg.msg_id))
+    h.advance(14.9)
+    assert h.gateway.by_id["d1"].state.name == "ACTIVE"
+    h.advance(0.1)
+    assert "d1" not in h.gateway.by_id
+
+
+def test_debug_lines_say_what_was_ignored(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, LOGGER)
+    h = SnHarness(predefined_topics={1: "p/one"}, qos_minus_one=False)
+    dev = h.device()
+    dev.send(PingResp())  # only a gateway sends it
+    dev.send(PingReq())
+    dev.expect(Disconnect)
+    dev.publish(1, b"x", qos=-1, id_type=TopicIdType.PREDEFINED)
+    dev.connect("d1")
+    dev.sleep(30)
+    text = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert "10.0.0.2:5000 (udp): ignoring PingResp" in text
+    assert "10.0.0.2:5000 (udp): PingReq without a connection: DISCONNECT" in text
+    assert "10.0.0.2:5000 (udp): QoS -1 PUBLISH refused (not enabled here)" in text
+    assert "client 'd1' asleep for 30 s" in text
