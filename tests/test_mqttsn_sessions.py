@@ -552,3 +552,30 @@ def test_debug_lines_say_what_was_ignored(caplog: pytest.LogCaptureFixture) -> N
     assert "10.0.0.2:5000 (udp): PingReq without a connection: DISCONNECT" in text
     assert "10.0.0.2:5000 (udp): QoS -1 PUBLISH refused (not enabled here)" in text
     assert "client 'd1' asleep for 30 s" in text
+
+
+def test_after_the_wrap_no_topic_id_in_use_is_given_twice() -> None:
+    """After 0xFFFE, every new id skips those still in use -- not only the first: an id
+    given twice would publish a device's messages on the other topic."""
+    h = SnHarness()
+    w = watcher(h, "+")  # the single-level topics the device publishes on
+    mqtt = h.client(MQTT_311)
+    mqtt.connect("pub")
+    dev = h.device()
+    dev.connect("d1")
+    assert dev.register("a").topic_id == 1
+    dev.subscribe("cmd/#", qos=1)
+    mqtt.publish("cmd/x", b"v", qos=1)
+    reg = dev.expect(Register)
+    assert reg.topic_id == 2
+    dev.send(RegAck(0, reg.msg_id, ReturnCode.NOT_SUPPORTED))  # 2 is free again
+    assert dev.register("c").topic_id == 3
+    h.gateway.by_id["d1"].next_topic_id = 0xFFFE  # as after 65,531 more
+    assert dev.register("d").topic_id == 0xFFFE
+    assert dev.register("e").topic_id == 2
+    f = dev.register("f").topic_id
+    assert f not in (1, 2, 3, 0xFFFE)
+    dev.publish(3, b"to c", qos=1)
+    dev.publish(f, b"to f", qos=1)
+    assert [p.return_code for p in dev.take()] == [ReturnCode.ACCEPTED] * 2
+    assert [(t, p) for t, p, _q, _r in mqtt_messages(w)] == [("c", b"to c"), ("f", b"to f")]

@@ -69,10 +69,13 @@ def assign(ctx: Context, client: SnClient, name: str) -> int | None:
     topic_id = client.next_topic_id
     if topic_id in RESERVED_TOPIC_IDS:
         topic_id = 1
-    if topic_id == 1 and ids:  # wrapped after 65,534 ids: skip those in use
+    if ids:
+        # After a wrap (65,534 ids) every new id, not only the first, skips those still
+        # in use; before one, ids only grow and none is. The table is smaller than the
+        # id space (``max_topics_per_client``), so one is free.
         used = set(ids.values())
         while topic_id in used:
-            topic_id += 1
+            topic_id = topic_id + 1 if topic_id < 0xFFFE else 1
     client.next_topic_id = topic_id + 1
     ids[name] = topic_id
     return topic_id
