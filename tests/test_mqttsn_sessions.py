@@ -575,7 +575,7 @@ def test_after_the_wrap_no_topic_id_in_use_is_given_twice() -> None:
     assert dev.register("e").topic_id == 2
     f = dev.register("f").topic_id
     assert f not in (1, 2, 3, 0xFFFE)
-    dev.publish(3, b"to c", qos=1)
-    dev.publish(f, b"to f", qos=1)
-    assert [p.return_code for p in dev.take()] == [ReturnCode.ACCEPTED] * 2
+    pc = dev.publish(3, b"to c", qos=1)
+    pf = dev.publish(f, b"to f", qos=1)
+    assert dev.take() == [PubAck(3, pc, ReturnCode.ACCEPTED), PubAck(f, pf, ReturnCode.ACCEPTED)]
     assert [(t, p) for t, p, _q, _r in mqtt_messages(w)] == [("c", b"to c"), ("f", b"to f")]
