@@ -174,9 +174,16 @@ def test_a_refused_subscribe_is_logged(caplog: pytest.LogCaptureFixture) -> None
     dev.send(Subscribe(5, "elsewhere/x", 1))
     ack = dev.expect(SubAck)
     assert (ack.msg_id, ack.return_code) == (5, ReturnCode.NOT_SUPPORTED)
+    other = h.device(("10.0.0.3", 1))  # another source: its own line
+    other.connect("d2")
+    other.send(Subscribe(6, "elsewhere/y", 1))
+    other.expect(SubAck)
     lines = [r.getMessage() for r in caplog.records if "SUBSCRIBE" in r.getMessage()]
-    assert len(lines) == 1
-    assert lines[0].startswith("client 'd1': SUBSCRIBE 'elsewhere/x' refused: ")
+    assert len(lines) == 2
+    assert lines == [
+        "client 'd1': SUBSCRIBE 'elsewhere/x' refused: not authorized by the ACL",
+        "client 'd2': SUBSCRIBE 'elsewhere/y' refused: not authorized by the ACL",
+    ]
 
 
 def test_unsubscribe_of_a_predefined_id_stops_delivery_and_unknown_ids_are_acked() -> None:

@@ -206,8 +206,14 @@ def test_register_refusals_are_logged(caplog: pytest.LogCaptureFixture) -> None:
     assert line == "client 'dev1': REGISTER of bad topic 'a/#' refused"
     dev.register("a/1")
     dev.register("a/2")
-    (line,) = log_lines(caplog, "topic table full")
-    assert line == "client 'dev1': topic table full (1 topics): 'a/2' not registered"
+    other = h.device(("10.0.0.3", 1))  # another source: its own line
+    other.connect("dev2")
+    other.register("b/1")
+    other.register("b/2")
+    assert log_lines(caplog, "topic table full") == [
+        "client 'dev1': topic table full (1 topics): 'a/2' not registered",
+        "client 'dev2': topic table full (1 topics): 'b/2' not registered",
+    ]
 
 
 def test_topic_ids_wrap_skipping_reserved_and_used_ones() -> None:
@@ -437,8 +443,10 @@ def test_malformed_datagrams_are_logged_with_where_and_why(
     h.device("ttyUSB0", transport="serial").send_raw(b"\x00")
     lines = log_lines(caplog, "unreadable message")
     assert len(lines) == 2
-    assert lines[0].startswith("udp: unreadable message from [fe80::1]:5000 at byte ")
-    assert lines[1].startswith("serial: unreadable message from ttyUSB0 at byte ")
+    assert lines == [
+        "udp: unreadable message from [fe80::1]:5000 at byte 1: reserved MsgType 0x11",
+        "serial: unreadable message from ttyUSB0 at byte 0: Length 0",
+    ]
     assert h.gateway.stats.malformed == 2
 
 
