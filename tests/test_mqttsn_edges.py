@@ -465,9 +465,16 @@ def test_qos_minus_one_refusals_are_counted_once_each(caplog: pytest.LogCaptureF
     dev.publish(1, b"ok", qos=-1, id_type=TopicIdType.PREDEFINED)
     assert stats.publish_refused == 3 and stats.qos_minus_one == 1
     assert mqtt_messages(w) == [("p/one", b"ok", 0, False)]
-    text = [r.getMessage() for r in caplog.records]
-    assert any("QoS -1 PUBLISH with a normal topic id dropped" in t for t in text)
-    assert any("QoS -1 PUBLISH to unknown topic id 9" in t for t in text)
+    other = h.device(("10.0.0.8", 1))  # another source: its own lines
+    other.publish(1, b"n", qos=-1, id_type=TopicIdType.NORMAL)
+    other.publish(8, b"u", qos=-1, id_type=TopicIdType.PREDEFINED)
+    text = [r.getMessage() for r in caplog.records if "QoS -1" in r.getMessage()]
+    assert text == [
+        "10.0.0.2:5000 (udp): QoS -1 PUBLISH with a normal topic id dropped",
+        "10.0.0.2:5000 (udp): QoS -1 PUBLISH to unknown topic id 9",
+        "10.0.0.8:1 (udp): QoS -1 PUBLISH with a normal topic id dropped",
+        "10.0.0.8:1 (udp): QoS -1 PUBLISH to unknown topic id 8",
+    ]
 
 
 def test_qos_minus_one_disabled_is_counted() -> None:

@@ -186,3 +186,28 @@ def test_a_taken_over_address_logs_the_loss(caplog: pytest.LogCaptureFixture) ->
     assert log_lines(caplog, "lost:") == [
         "client 'old' at 10.0.0.2:1 (udp) lost: address taken over by client 'new'"
     ]
+
+
+def test_an_evicted_unproven_kept_session_is_then_forgotten_to_keep_the_pool_size() -> None:
+    """Evicting an unproven client with a kept session leaves its session in the
+    table: the pool is still full, so the longest-disconnected session goes too."""
+    h = SnHarness(max_clients=2, unproven_grace=100)
+    keeper = h.device(("10.0.0.1", 1))
+    keeper.connect("keeper")
+    keeper.ping()
+    h.device(("10.0.0.2", 1)).connect("ghost", clean=False)
+    assert h.device(("10.0.0.3", 1)).connect("new").return_code == ReturnCode.ACCEPTED
+    assert set(h.gateway.by_id) == {"keeper", "new"}
+    assert h.gateway.stats.clients_evicted == 1
+
+
+def test_each_forgotten_session_is_counted() -> None:
+    h = SnHarness(max_clients=1)
+    for n in range(3):
+        dev = h.device((f"10.0.0.{n}", 1))
+        assert dev.connect(f"d{n}", clean=False).return_code == ReturnCode.ACCEPTED
+        dev.ping()
+        dev.send(Disconnect())
+        dev.expect(Disconnect)
+    assert set(h.gateway.by_id) == {"d2"}
+    assert h.gateway.stats.clients_evicted == 2
