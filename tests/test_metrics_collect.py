@@ -205,6 +205,10 @@ SYS_ELSEWHERE = {
     "sensors/ble/adapter/mode": "text: in the adapter's retained state message",
     "sensors/ble/adapter/reason": "text: on the status page while failed",
     "sensors/ble/<device>/rssi": "a reading of the device, not a count",
+    "sensors/serial/<device>/silent since": "a time per device (what ledge health reads), "
+    "not a count: summed over devices it means nothing",
+    "sensors/ble/<device>/silent since": "a time per device (what ledge health reads), "
+    "not a count: summed over devices it means nothing",
     "sensors/ble/<device>/present": "ledge_sensor_devices{driver='ble',state}: a GATT device "
     "counts there by its connection",
 }

@@ -209,7 +209,9 @@ fields = {{ temp = {{ quantity = "temperature", unit = "°C" }} }}
         wait.until(lambda d: text(d, '[data-bridge="cloud"] .state') == "connected")
         wait.until(lambda d: text(d, '[data-bridge="cloud"] .since').startswith("up since "))
         (bridge,) = api_status(ledge.ports[1])["bridges"]
-        assert bridge["since"] >= started and bridge["last_error_at"] < started
+        # The bridge may have failed once more between ``started`` and Mosquitto
+        # listening: the error kept is one from before the link came up.
+        assert bridge["since"] >= started and bridge["last_error_at"] <= bridge["since"]
         error = driver.find_element(By.CSS_SELECTOR, '[data-bridge="cloud"] .error')
         assert error.text.endswith(" ago)") and "mute" in str(error.get_attribute("class"))
         assert "QoS 0 for an offline session" in text(driver, "#drops")

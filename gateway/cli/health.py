@@ -32,22 +32,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gateway.metrics.health import (
-    BridgeFact,
-    Check,
-    ListenerFact,
-    MqttSnFact,
-    SensorFact,
-    healthy,
-    report,
-    text,
-    verdict,
-)
 from gateway.mqtt import MQTT_311, ConnAck, Connect, Disconnect, NeedData, PacketReader, encode
 from gateway.mqtt.errors import MQTTError
 
 if TYPE_CHECKING:
     from gateway.app.runtime import ListenerSettings, RuntimeConfig
+    from gateway.metrics.health import (
+        BridgeFact,
+        Check,
+        ListenerFact,
+        MqttSnFact,
+        SensorFact,
+    )
     from gateway.mqttsn.settings import UdpSettings
     from gateway.sensors.ble_settings import BleDeviceSettings
 
@@ -118,6 +114,7 @@ class Login:
 def main(args: argparse.Namespace) -> int:
     from gateway.app.config import Config, load_config
     from gateway.app.runtime import ConfigError
+    from gateway.metrics.health import healthy, report, text
 
     try:
         config = (Config() if args.config is None else load_config(args.config)).to_runtime()
@@ -153,6 +150,8 @@ def main(args: argparse.Namespace) -> int:
 
 def gather(config: RuntimeConfig, login: Login) -> list[Check]:
     """Probe the gateway once and judge what was seen."""
+    from gateway.metrics.health import BridgeFact, verdict
+
     listeners = [probe_listener(lc, i, login) for i, lc in enumerate(config.listeners)]
     bridges: list[BridgeFact] = []
     sensors: list[SensorFact] = []
@@ -201,6 +200,8 @@ def _address(host: str, port: int) -> str:
 
 def probe_listener(lc: ListenerSettings, index: int, login: Login) -> ListenerFact:
     """CONNECT to one listener and note the CONNACK (or why none came)."""
+    from gateway.metrics.health import ListenerFact
+
     host = _host(lc.host)
     address = _address(host, lc.port)
     name = lc.name or _address(lc.host or "0.0.0.0", lc.port)
@@ -374,6 +375,7 @@ def read_sys(config: RuntimeConfig, listeners: list[ListenerFact], login: Login)
 
 def sensor_facts(config: RuntimeConfig, values: dict[str, str], now: float) -> list[SensorFact]:
     """Each configured sensor device with its interval and what ``$SYS`` says of it."""
+    from gateway.metrics.health import SensorFact
 
     def silent(base: str) -> float | None:
         since = values.get(base + "silent since")
@@ -433,6 +435,7 @@ def _ble_interval(config: RuntimeConfig, d: BleDeviceSettings, i: int) -> tuple[
 
 def probe_mqttsn(udp: UdpSettings, gateway_id: int) -> MqttSnFact:
     """SEARCHGW to one UDP transport; it must answer GWINFO (MQTT-SN 1.2, 6.1)."""
+    from gateway.metrics.health import MqttSnFact
     from gateway.mqttsn.codec import decode
     from gateway.mqttsn.encoding import encode as sn_encode
     from gateway.mqttsn.packets import GwInfo, SearchGw
