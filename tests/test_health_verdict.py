@@ -1,4 +1,4 @@
-"""The health verdict (``gateway.metrics.health``): observed facts in, one check per
+"""The health verdict (``gateway.cli.verdict``): observed facts in, one check per
 listener, bridge, sensor and MQTT-SN transport out, each rule pinned by a fact that
 passes and one that fails."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from gateway.metrics.health import (
+from gateway.cli.verdict import (
     BridgeFact,
     Check,
     ListenerFact,

@@ -2,7 +2,7 @@
 it is for?
 
 Run on the device beside the gateway, with the config it runs on. It gathers the facts
-here (sockets only) and lets ``gateway.metrics.health.verdict`` judge them:
+here (sockets only) and lets ``gateway.cli.verdict.verdict`` judge them:
 
 - every listener of the config gets a CONNECT (MQTT 3.1.1) on the loopback address
   when it listens on all addresses: over TCP; over TLS after a handshake that does not
@@ -32,18 +32,22 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gateway.cli.verdict import (
+    BridgeFact,
+    Check,
+    ListenerFact,
+    MqttSnFact,
+    SensorFact,
+    healthy,
+    report,
+    text,
+    verdict,
+)
 from gateway.mqtt import MQTT_311, ConnAck, Connect, Disconnect, NeedData, PacketReader, encode
 from gateway.mqtt.errors import MQTTError
 
 if TYPE_CHECKING:
     from gateway.app.runtime import ListenerSettings, RuntimeConfig
-    from gateway.metrics.health import (
-        BridgeFact,
-        Check,
-        ListenerFact,
-        MqttSnFact,
-        SensorFact,
-    )
     from gateway.mqttsn.settings import UdpSettings
     from gateway.sensors.ble_settings import BleDeviceSettings
 
@@ -114,7 +118,6 @@ class Login:
 def main(args: argparse.Namespace) -> int:
     from gateway.app.config import Config, load_config
     from gateway.app.runtime import ConfigError
-    from gateway.metrics.health import healthy, report, text
 
     try:
         config = (Config() if args.config is None else load_config(args.config)).to_runtime()
@@ -150,7 +153,6 @@ def main(args: argparse.Namespace) -> int:
 
 def gather(config: RuntimeConfig, login: Login) -> list[Check]:
     """Probe the gateway once and judge what was seen."""
-    from gateway.metrics.health import BridgeFact, verdict
 
     listeners = [probe_listener(lc, i, login) for i, lc in enumerate(config.listeners)]
     bridges: list[BridgeFact] = []
@@ -200,7 +202,6 @@ def _address(host: str, port: int) -> str:
 
 def probe_listener(lc: ListenerSettings, index: int, login: Login) -> ListenerFact:
     """CONNECT to one listener and note the CONNACK (or why none came)."""
-    from gateway.metrics.health import ListenerFact
 
     host = _host(lc.host)
     address = _address(host, lc.port)
@@ -375,7 +376,6 @@ def read_sys(config: RuntimeConfig, listeners: list[ListenerFact], login: Login)
 
 def sensor_facts(config: RuntimeConfig, values: dict[str, str], now: float) -> list[SensorFact]:
     """Each configured sensor device with its interval and what ``$SYS`` says of it."""
-    from gateway.metrics.health import SensorFact
 
     def silent(base: str) -> float | None:
         since = values.get(base + "silent since")
@@ -435,7 +435,6 @@ def _ble_interval(config: RuntimeConfig, d: BleDeviceSettings, i: int) -> tuple[
 
 def probe_mqttsn(udp: UdpSettings, gateway_id: int) -> MqttSnFact:
     """SEARCHGW to one UDP transport; it must answer GWINFO (MQTT-SN 1.2, 6.1)."""
-    from gateway.metrics.health import MqttSnFact
     from gateway.mqttsn.codec import decode
     from gateway.mqttsn.encoding import encode as sn_encode
     from gateway.mqttsn.packets import GwInfo, SearchGw
