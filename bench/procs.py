@@ -90,9 +90,32 @@ def tail(path: Path, lines: int = 15) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-#: The checkout whose ``gateway`` the "ledge" brokers run (``--ledge-checkout``): another
-#: commit's worktree, with this environment's Python and packages.
-LEDGE_CHECKOUT: list[Path] = [REPO]
+#: The Ledge brokers and the checkout whose ``gateway`` each runs, with this environment's
+#: Python and packages: "ledge" runs this repository or ``--ledge-checkout``, "base" another
+#: commit's worktree (``--base``), so that two commits run in the same rounds.
+LEDGE_CHECKOUTS: dict[str, Path] = {"ledge": REPO}
+LEDGE_KINDS = ("ledge", "base")
+
+
+def ledge_kind(kind: str) -> tuple[str, str] | None:
+    """``(broker, durability)`` of a Ledge kind, None for any other broker.
+
+    "ledge" and "base" keep everything in memory; a ``-process`` or ``-power`` suffix
+    ("ledge-power", "base-process") runs that broker with a store and that durability.
+    """
+    name, _, durability = kind.partition("-")
+    return (name, durability) if name in LEDGE_KINDS else None
+
+
+def checkout(kind: str) -> Path:
+    """The directory a broker of ``kind`` runs from (its ``gateway`` package for Ledge)."""
+    ledge = ledge_kind(kind)
+    if ledge is None:
+        return REPO
+    try:
+        return LEDGE_CHECKOUTS[ledge[0]]
+    except KeyError:
+        raise BenchError(f"no checkout for the {ledge[0]!r} broker (--base DIR)") from None
 
 
 def child_env(root: Path = REPO) -> dict[str, str]:
@@ -276,16 +299,18 @@ class Broker:
 
     def command(self, max_connections: int, default_config: bool) -> list[str]:
         port = self.port
-        if self.kind.startswith("ledge"):
-            # "ledge" keeps everything in memory; "ledge-power" / "ledge-process" run with
-            # a store under a fresh data directory and that durability setting.
+        ledge = ledge_kind(self.kind)
+        if ledge is not None:
+            # Whichever checkout it runs from (see checkout()), every Ledge kind gets the
+            # same command line and config; with a durability, a store under a fresh data
+            # directory.
+            durability = ledge[1]
             cmd = [sys.executable, "-m", "gateway", "run", "--listen", f"127.0.0.1:{port}"]
             if not default_config:
                 conf = self.workdir / f"{self.label}.toml"
                 text = f"[broker]\nmax_connections = {max(1024, max_connections)}\n"
                 text += self.broker_options
-                if self.kind != "ledge":
-                    durability = self.kind.removeprefix("ledge-")
+                if durability:
                     text += f'[store]\ndurability = "{durability}"\n'
                     cmd += ["--data-dir", str(self.workdir / f"{self.label}-data")]
                 conf.write_text(text + self.extra_config)
@@ -317,9 +342,9 @@ class Broker:
         default_config: bool = False,
         timeout: float = 30.0,
     ) -> Broker:
+        root = checkout(self.kind)
         self.port = free_port()
         cmd = pinning.broker_prefix(nofile) + self.command(max_connections, default_config)
-        root = LEDGE_CHECKOUT[0] if self.kind.startswith("ledge") else REPO
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             cmd,

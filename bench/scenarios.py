@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.procs import (
+    LEDGE_KINDS,
     BenchError,
     Broker,
     LoadGen,
@@ -105,8 +106,16 @@ class Scenario:
     title: str
     with_relay: bool
     run: Callable[[Settings, str, int], Outcome]
-    #: The brokers it applies to (None: all).
+    #: The brokers it applies to (None: all). "base" (--base) goes wherever "ledge" goes.
     only: tuple[str, ...] | None = None
+
+    def runs_on(self, broker: str) -> bool:
+        """Whether a round runs this scenario on ``broker``."""
+        if broker == "relay" and not self.with_relay:
+            return False
+        if self.only is None:
+            return True
+        return broker in self.only or (broker == "base" and "ledge" in self.only)
 
 
 # ---------------------------------------------------------------- the load harness
@@ -381,7 +390,7 @@ def run_persist(settings: Settings, kind: str, rnd: int) -> Outcome:
     """QoS 1 into a persistent session: Ledge in memory, then with its store under both
     durability settings, in one run. The figure is the power-safe rate; the details hold
     all three, their ratios to memory, and bytes written per 1,000 messages."""
-    if kind != "ledge":
+    if kind not in LEDGE_KINDS:
         raise BenchError("the persist scenario measures Ledge's own store")
     conns = [{"client_id": "bench-ps-sub", "filters": [["bench/ps", 1]], "clean_session": False}]
     pubs = [
@@ -397,32 +406,34 @@ def run_persist(settings: Settings, kind: str, rnd: int) -> Outcome:
     written: dict[str, float | None] = {}
     notes: list[str] = []
     last: Measured | None = None
-    for variant in ("ledge", "ledge-process", "ledge-power"):
+    # The same three runs from the broker's own checkout ("base-power" for "base").
+    for durability in ("memory", "process", "power"):
+        variant = kind if durability == "memory" else f"{kind}-{durability}"
         subs = [_sub(conns, "bench/ps", settings, "qos1")]
         m = measure(settings, variant, _label(f"persist-{variant}", kind, rnd), subs, pubs, 2)
         last = m
         notes.extend(m.notes)
         received = int(m.subs[0]["window"])
-        rates[variant] = received / m.seconds
+        rates[durability] = received / m.seconds
         lost = int(m.pubs[0]["acked"]) - int(m.subs[0]["total"])
         if lost:
             notes.append(f"{variant}: {lost} acknowledged message(s) not received")
-        written[variant] = (
+        written[durability] = (
             None if m.written is None or not received else m.written * 1000 / received
         )
     assert last is not None
     out = _outcome("persist", kind, rnd, "msg/s", last)
     out.notes = notes
-    out.figure = rates["ledge-power"]
-    memory = rates["ledge"] or 1.0
+    out.figure = rates["power"]
+    memory = rates["memory"] or 1.0
     out.details.update(
-        memory_msgs=rates["ledge"],
-        process_msgs=rates["ledge-process"],
-        power_msgs=rates["ledge-power"],
-        process_ratio=rates["ledge-process"] / memory,
-        power_ratio=rates["ledge-power"] / memory,
-        process_bytes_per_1000=written["ledge-process"],
-        power_bytes_per_1000=written["ledge-power"],
+        memory_msgs=rates["memory"],
+        process_msgs=rates["process"],
+        power_msgs=rates["power"],
+        process_ratio=rates["process"] / memory,
+        power_ratio=rates["power"] / memory,
+        process_bytes_per_1000=written["process"],
+        power_bytes_per_1000=written["power"],
     )
     return out
 
@@ -754,7 +765,7 @@ SCENARIOS: dict[str, Scenario] = {
             "QoS 1 into a persistent session, stored",
             False,
             run_persist,
-            only=("ledge",),
+            only=("ledge",),  # and "base": see Scenario.runs_on
         ),
         Scenario(
             "filters", "deliveries/s", True, "10,000 subscriptions, 1,000 topics", True, run_filters
