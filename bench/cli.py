@@ -343,7 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"from {checkouts[BASE].describe()}; base RSS is {names[BASE]}'s."
         )
     print(report.table(summary, brokers, names) if outcomes else "(no run completed)")
-    extra = report.details(summary, brokers, settings.idle_connections, names)
+    extra = report.details(summary, brokers, settings.idle_connections, names, settings.qos1_window)
     if extra:
         print()
         print(extra)

@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import socket
@@ -19,7 +20,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 BROKER_CPU = 0
@@ -97,14 +98,33 @@ LEDGE_CHECKOUTS: dict[str, Path] = {"ledge": REPO}
 LEDGE_KINDS = ("ledge", "base")
 
 
-def ledge_kind(kind: str) -> tuple[str, str] | None:
-    """``(broker, durability)`` of a Ledge kind, None for any other broker.
+class LedgeKind(NamedTuple):
+    """What a Ledge kind string asks for (see :func:`ledge_kind`)."""
+
+    #: "ledge" or "base": which checkout it runs from.
+    broker: str
+    #: "" (everything in memory), "process" or "power".
+    durability: str = ""
+    #: "": the checkout's default ``store.commit_interval``; else that many seconds.
+    commit_interval: str = ""
+
+
+def ledge_kind(kind: str) -> LedgeKind | None:
+    """What a Ledge kind runs with, None for any other broker.
 
     "ledge" and "base" keep everything in memory; a ``-process`` or ``-power`` suffix
-    ("ledge-power", "base-process") runs that broker with a store and that durability.
+    ("ledge-power", "base-process") runs that broker with a store and that durability,
+    on the checkout's default ``store.commit_interval``; a further ``-SECONDS``
+    ("ledge-power-0") sets ``store.commit_interval`` to that (0: commit as soon as
+    possible).
     """
-    name, _, durability = kind.partition("-")
-    return (name, durability) if name in LEDGE_KINDS else None
+    name, _, rest = kind.partition("-")
+    if name not in LEDGE_KINDS:
+        return None
+    durability, _, interval = rest.partition("-")
+    if interval and not (durability and re.fullmatch(r"[0-9]+(\.[0-9]+)?", interval)):
+        raise BenchError(f"{kind}: a commit interval is seconds after a durability")
+    return LedgeKind(name, durability, interval)
 
 
 def checkout(kind: str) -> Path:
@@ -113,9 +133,39 @@ def checkout(kind: str) -> Path:
     if ledge is None:
         return REPO
     try:
-        return LEDGE_CHECKOUTS[ledge[0]]
+        return LEDGE_CHECKOUTS[ledge.broker]
     except KeyError:
-        raise BenchError(f"no checkout for the {ledge[0]!r} broker (--base DIR)") from None
+        raise BenchError(f"no checkout for the {ledge.broker!r} broker (--base DIR)") from None
+
+
+#: ``store.commit_interval`` in a checkout's ``gateway/store/settings.py``, and its default.
+_COMMIT_INTERVAL = re.compile(r"^\s*commit_interval\s*:")
+_COMMIT_INTERVAL_DEFAULT = re.compile(r"^\s*commit_interval\s*:[^=\n]*=\s*option\(\s*([0-9.]+)")
+
+
+def default_commit_interval(kind: str) -> float | None:
+    """The default ``store.commit_interval`` (seconds) of the checkout a Ledge ``kind``
+    runs from, read from its ``gateway/store/settings.py``.
+
+    None when the checkout has no such option: a commit from before group commit
+    (9566388, e.g. abe84bf), which commits every change as soon as it can and refuses
+    ``commit_interval`` in its config as an unknown option.
+    """
+    path = checkout(kind) / "gateway" / "store" / "settings.py"
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return None
+    for line in lines:
+        if _COMMIT_INTERVAL.match(line):
+            found = _COMMIT_INTERVAL_DEFAULT.match(line)
+            if found is None:
+                raise BenchError(
+                    f"{path}: cannot read the default of commit_interval from {line.strip()!r}"
+                    " (bench/procs.py expects 'commit_interval: float = option(SECONDS, ...')"
+                )
+            return float(found.group(1))
+    return None
 
 
 def child_env(root: Path = REPO) -> dict[str, str]:
@@ -304,7 +354,7 @@ class Broker:
             # Whichever checkout it runs from (see checkout()), every Ledge kind gets the
             # same command line and config; with a durability, a store under a fresh data
             # directory.
-            durability = ledge[1]
+            durability = ledge.durability
             cmd = [sys.executable, "-m", "gateway", "run", "--listen", f"127.0.0.1:{port}"]
             if not default_config:
                 conf = self.workdir / f"{self.label}.toml"
@@ -312,6 +362,7 @@ class Broker:
                 text += self.broker_options
                 if durability:
                     text += f'[store]\ndurability = "{durability}"\n'
+                    text += self._commit_interval(ledge.commit_interval)
                     cmd += ["--data-dir", str(self.workdir / f"{self.label}-data")]
                 conf.write_text(text + self.extra_config)
                 cmd += ["--config", str(conf)]
@@ -333,6 +384,24 @@ class Broker:
         if self.kind == "relay":
             return [sys.executable, "-m", "bench.relay", "--port", str(port)]
         raise ValueError(f"unknown broker {self.kind}")
+
+    def _commit_interval(self, seconds: str) -> str:
+        """The ``[store]`` line for a kind's commit interval ("" for the default).
+
+        A checkout from before group commit has no such option and refuses it as
+        unknown; it commits every change at once, which is what 0 asks for, so 0 is
+        left out there; any other interval cannot be had from it.
+        """
+        if not seconds:
+            return ""
+        if default_commit_interval(self.kind) is None:
+            if float(seconds) == 0:
+                return ""
+            raise BenchError(
+                f"{self.kind}: {checkout(self.kind)} has no store.commit_interval "
+                "(it commits every change at once)"
+            )
+        return f"commit_interval = {seconds}\n"
 
     def start(
         self,

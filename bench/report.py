@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from bench.scenarios import SCENARIOS, Outcome
+from bench.scenarios import PERSIST_RUNS, SCENARIOS, Outcome
 
 #: How the report names each broker; the command line names "base" after its commit.
 NAMES = {
@@ -63,14 +63,15 @@ def summarize(outcomes: Sequence[Outcome]) -> dict[str, dict[str, dict[str, Any]
     return summary
 
 
+#: The persist scenario's details summarized over rounds (see scenarios.run_persist).
 PERSIST_KEYS = (
     "memory_msgs",
-    "process_msgs",
-    "power_msgs",
-    "process_ratio",
-    "power_ratio",
-    "process_bytes_per_1000",
-    "power_bytes_per_1000",
+    *(
+        f"{name}_{what}"
+        for name, _, _ in PERSIST_RUNS[1:]
+        for what in ("msgs", "ratio", "bytes_per_1000")
+    ),
+    "commit_interval",
 )
 
 
@@ -192,8 +193,10 @@ def details(
     brokers: Sequence[str],
     idle_conns: int,
     names: Mapping[str, str] = NAMES,
+    window: int = 100,
 ) -> str:
-    """Latency percentiles, idle RSS, memory per connection and accept time per broker."""
+    """Latency percentiles, idle RSS, memory per connection and accept time per broker;
+    the persist runs (``window``: the publisher's QoS 1 messages in flight)."""
     order = [b for b in ORDER if b in brokers]
     out: list[str] = []
     lat = summary.get("latency")
@@ -225,24 +228,48 @@ def details(
             rows.append([label, idle_rss, accept, per])
         out.append(_render(rows))
     rows = [["QoS 1 into a persistent session", "msg/s", "x memory", "bytes written / 1,000"]]
+    intervals: set[float] = set()
     for b in ("ledge", "base"):
         persist = summary.get("persist", {}).get(b)
         if not (persist and persist["ok_runs"] and "memory_msgs" in persist):
             continue
+        if "commit_interval" in persist:
+            intervals.add(persist["commit_interval"])
         rows.append([f"{names[b]}, in memory", fmt_rate(persist["memory_msgs"]), "1.00", "-"])
-        for variant in ("process", "power"):
+        for variant, durability, setting in PERSIST_RUNS[1:]:
             written = persist.get(f"{variant}_bytes_per_1000")
             rows.append(
                 [
-                    f'{names[b]}, store.durability = "{variant}"',
+                    f'{names[b]}, store.durability = "{durability}", '
+                    + _commit_setting(setting, persist.get("commit_interval")),
                     fmt_rate(persist.get(f"{variant}_msgs")),
                     f"{persist.get(f'{variant}_ratio', 0.0):.2f}",
                     "-" if written is None else f"{written / 1024:.0f} KiB",
                 ]
             )
     if len(rows) > 1:
-        out.append(_render(rows))
+        text = _render(rows)
+        for interval in sorted(i for i in intervals if i > 0):
+            text += (
+                f"\nThe default rows commit at most once per {interval:g} s: the publisher's "
+                f"{window} messages in flight get at most {window} per interval through "
+                f"({fmt_rate(window / interval)} msg/s).\ncommit_interval = 0 commits as "
+                "soon as possible: the store's own speed."
+            )
+        out.append(text)
     return "\n\n".join(out)
+
+
+def _commit_setting(interval: str, default: float | None) -> str:
+    """How a persist row's store commits: ``interval`` as its run set it ("": the
+    default config), ``default`` the checkout's default (None: it has no such option)."""
+    if interval:
+        return f"commit_interval = {interval}" + (
+            " (not an option there)" if default is None else ""
+        )
+    if default is None:
+        return "default (no commit_interval: commits at once)"
+    return f"default commit_interval ({default:g} s)"
 
 
 def ceiling_check(summary: dict[str, dict[str, dict[str, Any]]]) -> list[str]:

@@ -13,9 +13,11 @@ from typing import Any
 
 import pytest
 
-from bench import cli, procs, scenarios
+from bench import cli, procs, report, scenarios
 from bench.procs import REPO, BenchError, Broker, Pinning
 from bench.scenarios import SCENARIOS, Measured, Outcome, Settings
+from gateway.app.config import parse_config
+from gateway.store.settings import StoreSettings
 
 #: Per scenario and broker: the figure the fake runner reports.
 FIGURES = {
@@ -306,20 +308,24 @@ def test_base_without_a_checkout_is_an_error_not_this_repository(
         procs.checkout("base-power")
 
 
-def test_persist_on_base_measures_base_and_its_stores(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    kinds: list[str] = []
+#: Per persist run: the messages a fake measure() reports received in its 1 s window.
+PERSIST_RATES = {"": 400, "-process": 200, "-power": 100, "-process-0": 300, "-power-0": 250}
+
+
+def _fake_persist_measure(monkeypatch: pytest.MonkeyPatch, kinds: list[str]) -> None:
+    """measure() for run_persist: records the kinds and answers PERSIST_RATES, writing
+    10 bytes a message, its peak RSS the rate too."""
 
     def measure(settings: Settings, kind: str, label: str, *rest: Any) -> Measured:
         kinds.append(kind)
-        rate = {"base": 400, "base-process": 200, "base-power": 100}[kind]
+        _, dash, variant = kind.partition("-")
+        rate = PERSIST_RATES[dash + variant]
         return Measured(
             subs=[{"window": rate, "total": rate}],
             pubs=[{"acked": rate}],
             seconds=1.0,
             idle_rss_kib=1,
-            peak_rss_kib=2,
+            peak_rss_kib=rate,
             broker_cpu=None,
             busy={},
             loadgen_cpu={},
@@ -328,14 +334,166 @@ def test_persist_on_base_measures_base_and_its_stores(
         )
 
     monkeypatch.setattr(scenarios, "measure", measure)
+
+
+def _settings_py(root: Path, interval: str | None) -> Path:
+    """A checkout whose gateway/store/settings.py has ``commit_interval`` with this
+    default (None: a checkout from before the option)."""
+    store = root / "gateway" / "store"
+    store.mkdir(parents=True)
+    lines = ["class StoreSettings:", '    durability: str = option("power")']
+    if interval is not None:
+        lines.append(f"    commit_interval: float = option({interval}, ge=0, le=10.0)")
+    (store / "settings.py").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def test_persist_runs_each_durability_on_the_default_config_and_with_commit_interval_0(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kinds: list[str] = []
+    _fake_persist_measure(monkeypatch, kinds)
+    monkeypatch.setitem(procs.LEDGE_CHECKOUTS, "base", _settings_py(tmp_path / "base", "0.25"))
     settings = Settings(workdir=tmp_path, pinning=Pinning(), nofile=1024)
     out = scenarios.run_persist(settings, "base", 1)
-    assert kinds == ["base", "base-process", "base-power"]
-    assert (out.broker, out.figure) == ("base", 100.0)
-    assert (out.details["memory_msgs"], out.details["process_ratio"]) == (400.0, 0.5)
-    assert out.details["power_bytes_per_1000"] == 10_000.0
+    assert kinds == ["base", "base-process", "base-power", "base-process-0", "base-power-0"]
+    # power, on the default config, with that run's RSS
+    assert (out.broker, out.figure, out.peak_rss_kib) == ("base", 100.0, 100)
+    details = out.details
+    assert details["memory_msgs"] == 400.0
+    assert (details["process_msgs"], details["process_ratio"]) == (200.0, 0.5)
+    assert (details["power_interval0_msgs"], details["power_interval0_ratio"]) == (250.0, 0.625)
+    assert details["process_interval0_bytes_per_1000"] == 10_000.0
+    assert details["commit_interval"] == 0.25
+    assert out.notes == []
     with pytest.raises(BenchError):
         scenarios.run_persist(settings, "mosquitto", 1)
+
+
+def test_persist_report_names_each_rows_commit_interval_for_ledge_and_an_older_base(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kinds: list[str] = []
+    _fake_persist_measure(monkeypatch, kinds)
+    monkeypatch.setitem(procs.LEDGE_CHECKOUTS, "ledge", REPO)
+    old = _settings_py(tmp_path / "old", None)
+    monkeypatch.setitem(procs.LEDGE_CHECKOUTS, "base", old)
+    settings = Settings(workdir=tmp_path, pinning=Pinning(), nofile=1024)
+    outcomes = [scenarios.run_persist(settings, kind, 1) for kind in ("ledge", "base")]
+    assert "commit_interval" not in outcomes[1].details
+    assert any(f"{old} has no store.commit_interval" in n for n in outcomes[1].notes)
+    text = report.details(
+        report.summarize(outcomes), ["ledge", "base"], 10, {**report.NAMES, "base": "Old"}
+    )
+    rows = {
+        re.split(r"\s{2,}", line)[0]: re.split(r"\s{2,}", line)[1:]
+        for line in text.splitlines()[2:]
+        if "  " in line
+    }
+    assert rows == {
+        "Ledge, in memory": ["400", "1.00", "-"],
+        'Ledge, store.durability = "process", default commit_interval (0.1 s)': [
+            "200",
+            "0.50",
+            "10 KiB",
+        ],
+        'Ledge, store.durability = "power", default commit_interval (0.1 s)': [
+            "100",
+            "0.25",
+            "10 KiB",
+        ],
+        'Ledge, store.durability = "process", commit_interval = 0': ["300", "0.75", "10 KiB"],
+        'Ledge, store.durability = "power", commit_interval = 0': ["250", "0.62", "10 KiB"],
+        "Old, in memory": ["400", "1.00", "-"],
+        'Old, store.durability = "process", default (no commit_interval: commits at once)': [
+            "200",
+            "0.50",
+            "10 KiB",
+        ],
+        'Old, store.durability = "power", default (no commit_interval: commits at once)': [
+            "100",
+            "0.25",
+            "10 KiB",
+        ],
+        'Old, store.durability = "process", commit_interval = 0 (not an option there)': [
+            "300",
+            "0.75",
+            "10 KiB",
+        ],
+        'Old, store.durability = "power", commit_interval = 0 (not an option there)': [
+            "250",
+            "0.62",
+            "10 KiB",
+        ],
+    }
+    assert (
+        "The default rows commit at most once per 0.1 s: the publisher's 100 messages in "
+        "flight get at most 100 per interval through (1.0k msg/s)."
+    ) in text
+
+
+def test_the_default_commit_interval_is_read_from_the_checkouts_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(procs.LEDGE_CHECKOUTS, "ledge", REPO)
+    assert procs.default_commit_interval("ledge-power") == StoreSettings().commit_interval
+    for interval, expected in (("0.5", 0.5), (None, None)):
+        root = _settings_py(tmp_path / str(interval), interval)
+        monkeypatch.setitem(procs.LEDGE_CHECKOUTS, "base", root)
+        assert procs.default_commit_interval("base") == expected
+    monkeypatch.setitem(procs.LEDGE_CHECKOUTS, "base", tmp_path / "no-settings")
+    assert procs.default_commit_interval("base") is None
+    odd = tmp_path / "odd" / "gateway" / "store"
+    odd.mkdir(parents=True)
+    (odd / "settings.py").write_text("    commit_interval: float = DEFAULT_INTERVAL\n")
+    monkeypatch.setitem(procs.LEDGE_CHECKOUTS, "base", tmp_path / "odd")
+    with pytest.raises(BenchError, match="cannot read the default of commit_interval"):
+        procs.default_commit_interval("base")
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [
+        ("ledge", procs.LedgeKind("ledge")),
+        ("base-power", procs.LedgeKind("base", "power")),
+        ("ledge-process-0", procs.LedgeKind("ledge", "process", "0")),
+        ("base-power-0.5", procs.LedgeKind("base", "power", "0.5")),
+        ("mosquitto", None),
+    ],
+)
+def test_ledge_kinds(kind: str, expected: procs.LedgeKind | None) -> None:
+    assert procs.ledge_kind(kind) == expected
+
+
+@pytest.mark.parametrize("kind", ["ledge--0", "ledge-power-x", "base-power-0s"])
+def test_a_commit_interval_is_seconds_after_a_durability(kind: str) -> None:
+    with pytest.raises(BenchError, match="a commit interval is seconds after a durability"):
+        procs.ledge_kind(kind)
+
+
+@pytest.mark.parametrize("durability", ["process", "power"])
+def test_commit_interval_0_is_in_the_config_only_where_the_checkout_has_the_option(
+    durability: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(procs.LEDGE_CHECKOUTS, "ledge", REPO)
+    monkeypatch.setitem(procs.LEDGE_CHECKOUTS, "base", _settings_py(tmp_path / "old", None))
+
+    def store(kind: str) -> str:
+        workdir = tmp_path / kind
+        workdir.mkdir()
+        command = Broker(kind, workdir, "run").command(1024, default_config=False)
+        config = Path(command[command.index("--config") + 1]).read_text()
+        return config.partition("[store]\n")[2]
+
+    # The default config: what a user gets, the checkout's own commit interval.
+    assert store(f"ledge-{durability}") == f'durability = "{durability}"\n'
+    new = store(f"ledge-{durability}-0")
+    assert new == f'durability = "{durability}"\ncommit_interval = 0\n'
+    assert parse_config("[store]\n" + new).store.commit_interval == 0
+    # A checkout from before the option refuses it as unknown, and commits at once anyway.
+    assert store(f"base-{durability}-0") == f'durability = "{durability}"\n'
+    with pytest.raises(BenchError, match=r"has no store\.commit_interval"):
+        store(f"base-{durability}-0.5")
 
 
 def test_base_runs_every_scenario_ledge_runs() -> None:
