@@ -5,6 +5,7 @@ IMAGE_CUTS ?= 20
 PIPELINE_LINES ?= 250000 1000000 4000000
 FUZZ_SECONDS ?= 600
 MUTATE ?=
+BASE ?=
 
 help:           ## list the targets
 	@grep -E '^[a-z-]+: +## ' Makefile | sed -E 's/: +## /\t/' | expand -t 16
@@ -26,11 +27,11 @@ provision-test: ## the Ansible role against the image booted in qemu (~20 min; L
 	scripts/setup --test
 	.venv/bin/pytest -m provision tests/test_ansible_vm.py
 
-bench:          ## Ledge beside Mosquitto, all scenarios (~10 min)
-	scripts/bench
+bench:          ## Ledge beside Mosquitto, all scenarios (~10 min; BASE=dir adds Ledge from that checkout of another commit to the same rounds)
+	scripts/bench $(if $(BASE),--base $(BASE))
 
-bench-quick:    ## one-minute smoke run of the benchmark
-	scripts/bench --quick
+bench-quick:    ## one-minute smoke run of the benchmark (BASE=dir as for bench)
+	scripts/bench --quick $(if $(BASE),--base $(BASE))
 
 crash-test:     ## kill -9 Ledge ITERATIONS times under QoS 1/2 load and check nothing acknowledged is lost
 	scripts/setup --test

@@ -9,10 +9,12 @@ import os
 import platform
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -20,7 +22,8 @@ from typing import Any
 from bench import report
 from bench.procs import (
     BROKER_NOFILE,
-    LEDGE_CHECKOUT,
+    LEDGE_CHECKOUTS,
+    REPO,
     BenchError,
     Pinning,
     core_busy,
@@ -32,6 +35,8 @@ from bench.procs import (
 from bench.scenarios import SCENARIOS, Outcome, Settings
 
 ALL_BROKERS = ("ledge", "mosquitto", "amqtt", "relay")
+#: "base" is Ledge from another checkout; it runs only with --base.
+BASE = "base"
 
 
 def _list(text: str) -> list[str]:
@@ -82,7 +87,68 @@ def build_parser() -> argparse.ArgumentParser:
         help="run Ledge from this checkout (another commit's worktree) with this "
         "environment's Python; the default is this repository",
     )
+    parser.add_argument(
+        "--base",
+        type=Path,
+        metavar="DIR",
+        help="also run Ledge from this checkout (e.g. git worktree add /tmp/base COMMIT) as "
+        "the broker 'base', with the same config and command line as 'ledge', in the same "
+        "rounds; the report adds its figures, new/base ratios and its RSS",
+    )
     return parser
+
+
+@dataclass(frozen=True)
+class Checkout:
+    """A directory Ledge runs from, and the commit it holds when it is a git checkout."""
+
+    path: Path
+    commit: str | None = None
+    short: str | None = None
+    dirty: bool = False
+
+    @property
+    def name(self) -> str:
+        """How the report names Ledge from this checkout: ``Ledge@<commit or dir name>``."""
+        return f"Ledge@{self.short or self.path.name}"
+
+    def describe(self) -> str:
+        """Where it is and what it holds, for the line above the table."""
+        if self.short is None:
+            return f"{self.path} (not a git checkout)"
+        changes = " with uncommitted changes" if self.dirty else ""
+        return f"{self.path} at {self.short}{changes}"
+
+    def meta(self) -> dict[str, Any]:
+        return {"dir": str(self.path), "commit": self.commit, "dirty": self.dirty}
+
+
+def _git(path: Path, *args: str) -> list[str] | None:
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(path), *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.splitlines() if done.returncode == 0 else None
+
+
+def checkout(path: Path) -> Checkout | None:
+    """``path`` as a Ledge checkout (None when it holds no ``gateway`` to run), with its
+    commit when it is the top of a git work tree (not merely a directory inside one, whose
+    HEAD would be another repository's)."""
+    path = path.resolve()
+    if not (path / "gateway" / "__main__.py").is_file():
+        return None
+    found = _git(path, "rev-parse", "--show-toplevel", "HEAD", "--short", "HEAD")
+    if found is None or len(found) != 3 or Path(found[0]).resolve() != path:
+        return Checkout(path)
+    changed = _git(path, "status", "--porcelain", "--untracked-files=no")
+    return Checkout(path, commit=found[1], short=found[2], dirty=bool(changed))
 
 
 def available() -> dict[str, str]:
@@ -144,12 +210,18 @@ def progress(rnd: int, rounds: int, out: Outcome, verbose: bool = False) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
-    if args.ledge_checkout is not None:
-        checkout = args.ledge_checkout.resolve()
-        if not (checkout / "gateway" / "__main__.py").is_file():
-            print(f"bench: {checkout} is not a Ledge checkout", file=sys.stderr)
+    checkouts: dict[str, Checkout] = {}
+    for broker, option, path in (
+        ("ledge", "--ledge-checkout", args.ledge_checkout or REPO),
+        (BASE, "--base", args.base),
+    ):
+        if path is None:
+            continue
+        found = checkout(path)
+        if found is None:
+            print(f"bench: {option}: {path.resolve()} is not a Ledge checkout", file=sys.stderr)
             return 2
-        LEDGE_CHECKOUT[0] = checkout
+        checkouts[broker] = found
     duration = args.duration if args.duration is not None else (1.0 if args.quick else 5.0)
     if rounds < 1 or duration <= 0:
         print("bench: --rounds must be >= 1 and --duration > 0", file=sys.stderr)
@@ -159,21 +231,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench: unknown scenario(s): {', '.join(unknown)}", file=sys.stderr)
         return 2
     why = available()
-    requested = args.brokers if args.brokers is not None else list(ALL_BROKERS)
-    bad = [b for b in requested if b not in ALL_BROKERS]
+    requested = list(args.brokers if args.brokers is not None else ALL_BROKERS)
+    bad = [b for b in requested if b not in (*ALL_BROKERS, BASE)]
     if bad:
         print(f"bench: unknown broker(s): {', '.join(bad)}", file=sys.stderr)
         return 2
+    if BASE in requested and BASE not in checkouts:
+        print("bench: the broker 'base' needs --base DIR", file=sys.stderr)
+        return 2
+    if BASE in checkouts and BASE not in requested:
+        # Right after Ledge, so that each round runs ledge, base, mosquitto, ...
+        at = requested.index("ledge") + 1 if "ledge" in requested else 0
+        requested.insert(at, BASE)
+    names = dict(report.NAMES)
     notes: list[str] = []
+    if BASE in checkouts:
+        base, ledge = checkouts[BASE], checkouts["ledge"]
+        names[BASE] = base.name
+        if base.commit is None:
+            notes.append(f"base: {base.path} is not a git checkout; named after its directory")
+        elif base.dirty:
+            notes.append(f"base: {base.path} has uncommitted changes to {base.short}")
+        same_commit = base.commit == ledge.commit and not (base.dirty or ledge.dirty)
+        if base.path == ledge.path or (base.commit is not None and same_commit):
+            notes.append("base runs the same code as ledge: new/base shows run-to-run noise")
     brokers = []
     for b in requested:
-        if why[b]:
+        if why.get(b):
             notes.append(f"{b}: {why[b]}")
         else:
             brokers.append(b)
     if not brokers:
         print("bench: no broker to run:\n  " + "\n  ".join(notes), file=sys.stderr)
         return 2
+    for b, found in checkouts.items():
+        LEDGE_CHECKOUTS[b] = found.path
 
     pinning = Pinning()
     pinning.pin_self()
@@ -214,11 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for rnd in range(1, rounds + 1):
             for scen in scenarios:
-                kinds = [
-                    b
-                    for b in brokers
-                    if (scen.with_relay or b != "relay") and (scen.only is None or b in scen.only)
-                ]
+                kinds = [b for b in brokers if scen.runs_on(b)]
                 if not kinds:
                     continue
                 shift = (rnd - 1) % len(kinds)
@@ -249,8 +337,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Medians of {rounds} round(s), {duration:g} s windows; "
         "ratios are Ledge/Mosquitto; RSS is the broker's peak during the run."
     )
-    print(report.table(summary, brokers) if outcomes else "(no run completed)")
-    extra = report.details(summary, brokers, settings.idle_connections)
+    if BASE in brokers:
+        print(
+            f"new/base is Ledge from {checkouts['ledge'].describe()} over {names[BASE]} "
+            f"from {checkouts[BASE].describe()}; base RSS is {names[BASE]}'s."
+        )
+    print(report.table(summary, brokers, names) if outcomes else "(no run completed)")
+    extra = report.details(summary, brokers, settings.idle_connections, names, settings.qos1_window)
     if extra:
         print()
         print(extra)
@@ -279,6 +372,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "quick": args.quick,
             "brokers": brokers,
             "scenarios": [s.name for s in scenarios],
+            # The checkout each Ledge broker ran from, and its commit (null: not git).
+            "ledge": checkouts["ledge"].meta(),
             "pinning": {
                 "enabled": pinning.enabled,
                 "broker_cpu": pinning.broker_cpu,
@@ -299,6 +394,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "qos1_window": settings.qos1_window,
             },
         }
+        if BASE in brokers:
+            meta[BASE] = {**checkouts[BASE].meta(), "name": names[BASE]}
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report.document(outcomes, summary, meta), indent=2))
         print(f"bench: raw results in {args.json}")

@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import socket
@@ -19,7 +20,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 BROKER_CPU = 0
@@ -90,9 +91,81 @@ def tail(path: Path, lines: int = 15) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-#: The checkout whose ``gateway`` the "ledge" brokers run (``--ledge-checkout``): another
-#: commit's worktree, with this environment's Python and packages.
-LEDGE_CHECKOUT: list[Path] = [REPO]
+#: The Ledge brokers and the checkout whose ``gateway`` each runs, with this environment's
+#: Python and packages: "ledge" runs this repository or ``--ledge-checkout``, "base" another
+#: commit's worktree (``--base``), so that two commits run in the same rounds.
+LEDGE_CHECKOUTS: dict[str, Path] = {"ledge": REPO}
+LEDGE_KINDS = ("ledge", "base")
+
+
+class LedgeKind(NamedTuple):
+    """What a Ledge kind string asks for (see :func:`ledge_kind`)."""
+
+    #: "ledge" or "base": which checkout it runs from.
+    broker: str
+    #: "" (everything in memory), "process" or "power".
+    durability: str = ""
+    #: "": the checkout's default ``store.commit_interval``; else that many seconds.
+    commit_interval: str = ""
+
+
+def ledge_kind(kind: str) -> LedgeKind | None:
+    """What a Ledge kind runs with, None for any other broker.
+
+    "ledge" and "base" keep everything in memory; a ``-process`` or ``-power`` suffix
+    ("ledge-power", "base-process") runs that broker with a store and that durability,
+    on the checkout's default ``store.commit_interval``; a further ``-SECONDS``
+    ("ledge-power-0") sets ``store.commit_interval`` to that (0: commit as soon as
+    possible).
+    """
+    name, _, rest = kind.partition("-")
+    if name not in LEDGE_KINDS:
+        return None
+    durability, _, interval = rest.partition("-")
+    if interval and not (durability and re.fullmatch(r"[0-9]+(\.[0-9]+)?", interval)):
+        raise BenchError(f"{kind}: a commit interval is seconds after a durability")
+    return LedgeKind(name, durability, interval)
+
+
+def checkout(kind: str) -> Path:
+    """The directory a broker of ``kind`` runs from (its ``gateway`` package for Ledge)."""
+    ledge = ledge_kind(kind)
+    if ledge is None:
+        return REPO
+    try:
+        return LEDGE_CHECKOUTS[ledge.broker]
+    except KeyError:
+        raise BenchError(f"no checkout for the {ledge.broker!r} broker (--base DIR)") from None
+
+
+#: ``store.commit_interval`` in a checkout's ``gateway/store/settings.py``, and its default.
+_COMMIT_INTERVAL = re.compile(r"^\s*commit_interval\s*:")
+_COMMIT_INTERVAL_DEFAULT = re.compile(r"^\s*commit_interval\s*:[^=\n]*=\s*option\(\s*([0-9.]+)")
+
+
+def default_commit_interval(kind: str) -> float | None:
+    """The default ``store.commit_interval`` (seconds) of the checkout a Ledge ``kind``
+    runs from, read from its ``gateway/store/settings.py``.
+
+    None when the checkout has no such option: a commit from before group commit
+    (9566388, e.g. abe84bf), which commits every change as soon as it can and refuses
+    ``commit_interval`` in its config as an unknown option.
+    """
+    path = checkout(kind) / "gateway" / "store" / "settings.py"
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return None
+    for line in lines:
+        if _COMMIT_INTERVAL.match(line):
+            found = _COMMIT_INTERVAL_DEFAULT.match(line)
+            if found is None:
+                raise BenchError(
+                    f"{path}: cannot read the default of commit_interval from {line.strip()!r}"
+                    " (bench/procs.py expects 'commit_interval: float = option(SECONDS, ...')"
+                )
+            return float(found.group(1))
+    return None
 
 
 def child_env(root: Path = REPO) -> dict[str, str]:
@@ -276,17 +349,20 @@ class Broker:
 
     def command(self, max_connections: int, default_config: bool) -> list[str]:
         port = self.port
-        if self.kind.startswith("ledge"):
-            # "ledge" keeps everything in memory; "ledge-power" / "ledge-process" run with
-            # a store under a fresh data directory and that durability setting.
+        ledge = ledge_kind(self.kind)
+        if ledge is not None:
+            # Whichever checkout it runs from (see checkout()), every Ledge kind gets the
+            # same command line and config; with a durability, a store under a fresh data
+            # directory.
+            durability = ledge.durability
             cmd = [sys.executable, "-m", "gateway", "run", "--listen", f"127.0.0.1:{port}"]
             if not default_config:
                 conf = self.workdir / f"{self.label}.toml"
                 text = f"[broker]\nmax_connections = {max(1024, max_connections)}\n"
                 text += self.broker_options
-                if self.kind != "ledge":
-                    durability = self.kind.removeprefix("ledge-")
+                if durability:
                     text += f'[store]\ndurability = "{durability}"\n'
+                    text += self._commit_interval(ledge.commit_interval)
                     cmd += ["--data-dir", str(self.workdir / f"{self.label}-data")]
                 conf.write_text(text + self.extra_config)
                 cmd += ["--config", str(conf)]
@@ -309,6 +385,24 @@ class Broker:
             return [sys.executable, "-m", "bench.relay", "--port", str(port)]
         raise ValueError(f"unknown broker {self.kind}")
 
+    def _commit_interval(self, seconds: str) -> str:
+        """The ``[store]`` line for a kind's commit interval ("" for the default).
+
+        A checkout from before group commit has no such option and refuses it as
+        unknown; it commits every change at once, which is what 0 asks for, so 0 is
+        left out there; any other interval cannot be had from it.
+        """
+        if not seconds:
+            return ""
+        if default_commit_interval(self.kind) is None:
+            if float(seconds) == 0:
+                return ""
+            raise BenchError(
+                f"{self.kind}: {checkout(self.kind)} has no store.commit_interval "
+                "(it commits every change at once)"
+            )
+        return f"commit_interval = {seconds}\n"
+
     def start(
         self,
         pinning: Pinning,
@@ -317,9 +411,9 @@ class Broker:
         default_config: bool = False,
         timeout: float = 30.0,
     ) -> Broker:
+        root = checkout(self.kind)
         self.port = free_port()
         cmd = pinning.broker_prefix(nofile) + self.command(max_connections, default_config)
-        root = LEDGE_CHECKOUT[0] if self.kind.startswith("ledge") else REPO
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             cmd,

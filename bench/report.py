@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from bench.scenarios import SCENARIOS, Outcome
+from bench.scenarios import PERSIST_RUNS, SCENARIOS, Outcome
 
-NAMES = {"ledge": "Ledge", "mosquitto": "Mosquitto", "amqtt": "amqtt", "relay": "ceiling"}
+#: How the report names each broker; the command line names "base" after its commit.
+NAMES = {
+    "ledge": "Ledge",
+    "base": "base",
+    "mosquitto": "Mosquitto",
+    "amqtt": "amqtt",
+    "relay": "ceiling",
+}
+#: The order of the brokers in every table.
+ORDER = tuple(NAMES)
 
 
 def _median(values: Iterable[float | int | None]) -> float | None:
@@ -54,14 +63,15 @@ def summarize(outcomes: Sequence[Outcome]) -> dict[str, dict[str, dict[str, Any]
     return summary
 
 
+#: The persist scenario's details summarized over rounds (see scenarios.run_persist).
 PERSIST_KEYS = (
     "memory_msgs",
-    "process_msgs",
-    "power_msgs",
-    "process_ratio",
-    "power_ratio",
-    "process_bytes_per_1000",
-    "power_bytes_per_1000",
+    *(
+        f"{name}_{what}"
+        for name, _, _ in PERSIST_RUNS[1:]
+        for what in ("msgs", "ratio", "bytes_per_1000")
+    ),
+    "commit_interval",
 )
 
 
@@ -113,55 +123,55 @@ def _cell(summary: dict[str, dict[str, Any]], broker: str, key: str) -> Any:
     return entry.get(key)
 
 
-def table(summary: dict[str, dict[str, dict[str, Any]]], brokers: Sequence[str]) -> str:
-    """The main table: one row per scenario, medians of the rounds."""
-    head = [
-        "scenario",
-        "unit",
-        "Ledge",
-        "Mosquitto",
-        "amqtt",
-        "ceiling",
-        "Ledge/Mosq",
-        "Ledge RSS",
-        "Mosq RSS",
-        "drops L/M",
-    ]
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a is not None and b else "-"
+
+
+def table(
+    summary: dict[str, dict[str, dict[str, Any]]],
+    brokers: Sequence[str],
+    names: Mapping[str, str] = NAMES,
+) -> str:
+    """The main table: one row per scenario, medians of the rounds.
+
+    With "base" among ``brokers`` (``--base``) it gets its own figure, ``new/base``
+    (Ledge's figure over base's, read like Ledge/Mosq), peak RSS and drops columns.
+    """
+    base = "base" in brokers
+    head = ["scenario", "unit", "Ledge"]
+    head += [names["base"]] if base else []
+    head += ["Mosquitto", "amqtt", "ceiling", "Ledge/Mosq"]
+    head += ["new/base"] if base else []
+    head += ["Ledge RSS"] + (["base RSS"] if base else []) + ["Mosq RSS"]
+    head += ["drops L/B/M" if base else "drops L/M"]
+    dropped = ("ledge", "base", "mosquitto") if base else ("ledge", "mosquitto")
     rows = [head]
     for name, scen in SCENARIOS.items():
         per = summary.get(name)
         if not per:
             continue
         unit = scen.unit if scen.higher_is_better else f"{scen.unit} (lower)"
-        figs = {b: _cell(per, b, "figure") for b in ("ledge", "mosquitto", "amqtt", "relay")}
-        ratio = "-"
-        lf, mf = figs["ledge"], figs["mosquitto"]
-        if lf is not None and mf:
-            ratio = f"{lf / mf:.2f}x"
+        figs = {b: _cell(per, b, "figure") for b in ORDER}
         drops = "-"
         if name in ("fan-in", "fan-out", "qos1", "filters", "latency", "idle-conns"):
-            drops = (
-                f"{fmt_count(_cell(per, 'ledge', 'drops'))}/"
-                f"{fmt_count(_cell(per, 'mosquitto', 'drops'))}"
-            )
+            drops = "/".join(fmt_count(_cell(per, b, "drops")) for b in dropped)
         amqtt = fmt_figure(figs["amqtt"], scen.unit) if "amqtt" in brokers else "n/a"
         ceiling = fmt_figure(figs["relay"], scen.unit) if scen.with_relay else "-"
         if scen.with_relay and "relay" not in brokers:
             ceiling = "n/a"
-        rows.append(
-            [
-                name,
-                unit,
-                fmt_figure(figs["ledge"], scen.unit),
-                fmt_figure(figs["mosquitto"], scen.unit),
-                amqtt,
-                ceiling,
-                ratio,
-                fmt_mib(_cell(per, "ledge", "peak_rss_kib")),
-                fmt_mib(_cell(per, "mosquitto", "peak_rss_kib")),
-                drops,
-            ]
-        )
+        row = [name, unit, fmt_figure(figs["ledge"], scen.unit)]
+        row += [fmt_figure(figs["base"], scen.unit)] if base else []
+        row += [
+            fmt_figure(figs["mosquitto"], scen.unit),
+            amqtt,
+            ceiling,
+            _ratio(figs["ledge"], figs["mosquitto"]),
+        ]
+        row += [_ratio(figs["ledge"], figs["base"])] if base else []
+        row += [fmt_mib(_cell(per, "ledge", "peak_rss_kib"))]
+        row += [fmt_mib(_cell(per, "base", "peak_rss_kib"))] if base else []
+        row += [fmt_mib(_cell(per, "mosquitto", "peak_rss_kib")), drops]
+        rows.append(row)
     return _render(rows)
 
 
@@ -179,10 +189,15 @@ def _render(rows: list[list[str]]) -> str:
 
 
 def details(
-    summary: dict[str, dict[str, dict[str, Any]]], brokers: Sequence[str], idle_conns: int
+    summary: dict[str, dict[str, dict[str, Any]]],
+    brokers: Sequence[str],
+    idle_conns: int,
+    names: Mapping[str, str] = NAMES,
+    window: int = 100,
 ) -> str:
-    """Latency percentiles, idle RSS, memory per connection and accept time per broker."""
-    order = [b for b in ("ledge", "mosquitto", "amqtt", "relay") if b in brokers]
+    """Latency percentiles, idle RSS, memory per connection and accept time per broker;
+    the persist runs (``window``: the publisher's QoS 1 messages in flight)."""
+    order = [b for b in ORDER if b in brokers]
     out: list[str] = []
     lat = summary.get("latency")
     if lat:
@@ -190,7 +205,7 @@ def details(
         for b in order:
             e = lat.get(b)
             if e and e["ok_runs"]:
-                label = "relay (floor)" if b == "relay" else NAMES[b]
+                label = "relay (floor)" if b == "relay" else names[b]
                 rows.append(
                     [label] + [f"{e.get(k, 0.0):.3f}" for k in ("p50_ms", "p99_ms", "p999_ms")]
                 )
@@ -204,7 +219,7 @@ def details(
             ie = (idle or {}).get(b)
             if not ce and not ie:
                 continue
-            label = "relay (floor)" if b == "relay" else NAMES[b]
+            label = "relay (floor)" if b == "relay" else names[b]
             idle_rss = fmt_mib(ie["figure"] * 1024) if ie and ie["ok_runs"] else "-"
             accept = f"{ce['accept_ms']:.0f} ms" if ce and "accept_ms" in ce else "-"
             per = f"{ce['kib_per_conn']:.1f}" if ce and "kib_per_conn" in ce else "-"
@@ -212,22 +227,49 @@ def details(
                 per = "-"  # the relay keeps no session state: not comparable
             rows.append([label, idle_rss, accept, per])
         out.append(_render(rows))
-    persist = summary.get("persist", {}).get("ledge")
-    if persist and persist["ok_runs"] and "memory_msgs" in persist:
-        rows = [["QoS 1 into a persistent session", "msg/s", "x memory", "bytes written / 1,000"]]
-        rows.append(["Ledge, in memory", fmt_rate(persist["memory_msgs"]), "1.00", "-"])
-        for variant in ("process", "power"):
+    rows = [["QoS 1 into a persistent session", "msg/s", "x memory", "bytes written / 1,000"]]
+    intervals: set[float] = set()
+    for b in ("ledge", "base"):
+        persist = summary.get("persist", {}).get(b)
+        if not (persist and persist["ok_runs"] and "memory_msgs" in persist):
+            continue
+        if "commit_interval" in persist:
+            intervals.add(persist["commit_interval"])
+        rows.append([f"{names[b]}, in memory", fmt_rate(persist["memory_msgs"]), "1.00", "-"])
+        for variant, durability, setting in PERSIST_RUNS[1:]:
             written = persist.get(f"{variant}_bytes_per_1000")
             rows.append(
                 [
-                    f'Ledge, store.durability = "{variant}"',
+                    f'{names[b]}, store.durability = "{durability}", '
+                    + _commit_setting(setting, persist.get("commit_interval")),
                     fmt_rate(persist.get(f"{variant}_msgs")),
                     f"{persist.get(f'{variant}_ratio', 0.0):.2f}",
                     "-" if written is None else f"{written / 1024:.0f} KiB",
                 ]
             )
-        out.append(_render(rows))
+    if len(rows) > 1:
+        text = _render(rows)
+        for interval in sorted(i for i in intervals if i > 0):
+            text += (
+                f"\nThe default rows commit at most once per {interval:g} s: the publisher's "
+                f"{window} messages in flight get at most {window} per interval through "
+                f"({fmt_rate(window / interval)} msg/s).\ncommit_interval = 0 commits as "
+                "soon as possible: the store's own speed."
+            )
+        out.append(text)
     return "\n\n".join(out)
+
+
+def _commit_setting(interval: str, default: float | None) -> str:
+    """How a persist row's store commits: ``interval`` as its run set it ("": the
+    default config), ``default`` the checkout's default (None: it has no such option)."""
+    if interval:
+        return f"commit_interval = {interval}" + (
+            " (not an option there)" if default is None else ""
+        )
+    if default is None:
+        return "default (no commit_interval: commits at once)"
+    return f"default commit_interval ({default:g} s)"
 
 
 def ceiling_check(summary: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
@@ -239,11 +281,7 @@ def ceiling_check(summary: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
             continue
         ceiling = _cell(per, "relay", "figure")
         best = max(
-            (
-                f
-                for b in ("ledge", "mosquitto", "amqtt")
-                if (f := _cell(per, b, "figure")) is not None
-            ),
+            (f for b in ORDER if b != "relay" and (f := _cell(per, b, "figure")) is not None),
             default=None,
         )
         if ceiling is None or best is None:

@@ -17,14 +17,17 @@ from pathlib import Path
 from typing import Any
 
 from bench.procs import (
+    LEDGE_KINDS,
     BenchError,
     Broker,
     LoadGen,
     Pinning,
     RssSampler,
+    checkout,
     core_busy,
     core_times,
     cpu_seconds,
+    default_commit_interval,
     kill_all,
     rss_kib,
     tail,
@@ -105,8 +108,16 @@ class Scenario:
     title: str
     with_relay: bool
     run: Callable[[Settings, str, int], Outcome]
-    #: The brokers it applies to (None: all).
+    #: The brokers it applies to (None: all). "base" (--base) goes wherever "ledge" goes.
     only: tuple[str, ...] | None = None
+
+    def runs_on(self, broker: str) -> bool:
+        """Whether a round runs this scenario on ``broker``."""
+        if broker == "relay" and not self.with_relay:
+            return False
+        if self.only is None:
+            return True
+        return broker in self.only or (broker == "base" and "ledge" in self.only)
 
 
 # ---------------------------------------------------------------- the load harness
@@ -377,11 +388,33 @@ def run_qos1(settings: Settings, kind: str, rnd: int) -> Outcome:
     return out
 
 
+#: The persist scenario's runs, in order: (name in the details, durability, commit
+#: interval). "" as the interval is the checkout's default config, what a user gets: with
+#: group commit (store.commit_interval, 0.1 s) one commit per interval, so a publisher
+#: keeping N messages in flight gets at most N per interval through, whatever the store
+#: could do. commit_interval = 0 commits as soon as possible: the store's own speed.
+PERSIST_RUNS: tuple[tuple[str, str, str], ...] = (
+    ("memory", "", ""),
+    ("process", "process", ""),
+    ("power", "power", ""),
+    ("process_interval0", "process", "0"),
+    ("power_interval0", "power", "0"),
+)
+
+
+def persist_kind(kind: str, durability: str, interval: str) -> str:
+    """The broker kind of one persist run ("ledge-power", "base-process-0"; see
+    :func:`bench.procs.ledge_kind`)."""
+    return "-".join(part for part in (kind, durability, interval) if part)
+
+
 def run_persist(settings: Settings, kind: str, rnd: int) -> Outcome:
     """QoS 1 into a persistent session: Ledge in memory, then with its store under both
-    durability settings, in one run. The figure is the power-safe rate; the details hold
-    all three, their ratios to memory, and bytes written per 1,000 messages."""
-    if kind != "ledge":
+    durability settings, first on the default commit interval, then with
+    ``commit_interval = 0``, in one run. The figure is the power-safe rate on the default
+    config; the details hold every run's rate, its ratio to memory, and bytes written per
+    1,000 messages, and the checkout's default commit interval (absent when it has none)."""
+    if kind not in LEDGE_KINDS:
         raise BenchError("the persist scenario measures Ledge's own store")
     conns = [{"client_id": "bench-ps-sub", "filters": [["bench/ps", 1]], "clean_session": False}]
     pubs = [
@@ -396,34 +429,39 @@ def run_persist(settings: Settings, kind: str, rnd: int) -> Outcome:
     rates: dict[str, float] = {}
     written: dict[str, float | None] = {}
     notes: list[str] = []
-    last: Measured | None = None
-    for variant in ("ledge", "ledge-process", "ledge-power"):
+    measured: dict[str, Measured] = {}
+    interval = default_commit_interval(kind)
+    if interval is None:
+        notes.append(
+            f"{checkout(kind)} has no store.commit_interval (it predates group commit): it "
+            "commits every change at once, so its commit_interval = 0 runs are its default "
+            "config again"
+        )
+    # The same runs from the broker's own checkout ("base-power" for "base").
+    for name, durability, commit_interval in PERSIST_RUNS:
+        variant = persist_kind(kind, durability, commit_interval)
         subs = [_sub(conns, "bench/ps", settings, "qos1")]
         m = measure(settings, variant, _label(f"persist-{variant}", kind, rnd), subs, pubs, 2)
-        last = m
+        measured[name] = m
         notes.extend(m.notes)
         received = int(m.subs[0]["window"])
-        rates[variant] = received / m.seconds
+        rates[name] = received / m.seconds
         lost = int(m.pubs[0]["acked"]) - int(m.subs[0]["total"])
         if lost:
             notes.append(f"{variant}: {lost} acknowledged message(s) not received")
-        written[variant] = (
-            None if m.written is None or not received else m.written * 1000 / received
-        )
-    assert last is not None
-    out = _outcome("persist", kind, rnd, "msg/s", last)
+        written[name] = None if m.written is None or not received else m.written * 1000 / received
+    # RSS, CPU and load-generator notes of the run whose rate is the figure.
+    out = _outcome("persist", kind, rnd, "msg/s", measured["power"])
     out.notes = notes
-    out.figure = rates["ledge-power"]
-    memory = rates["ledge"] or 1.0
-    out.details.update(
-        memory_msgs=rates["ledge"],
-        process_msgs=rates["ledge-process"],
-        power_msgs=rates["ledge-power"],
-        process_ratio=rates["ledge-process"] / memory,
-        power_ratio=rates["ledge-power"] / memory,
-        process_bytes_per_1000=written["ledge-process"],
-        power_bytes_per_1000=written["ledge-power"],
-    )
+    out.figure = rates["power"]
+    memory = rates["memory"] or 1.0
+    out.details["memory_msgs"] = rates["memory"]
+    for name, _, _ in PERSIST_RUNS[1:]:
+        out.details[f"{name}_msgs"] = rates[name]
+        out.details[f"{name}_ratio"] = rates[name] / memory
+        out.details[f"{name}_bytes_per_1000"] = written[name]
+    if interval is not None:
+        out.details["commit_interval"] = interval
     return out
 
 
@@ -754,7 +792,7 @@ SCENARIOS: dict[str, Scenario] = {
             "QoS 1 into a persistent session, stored",
             False,
             run_persist,
-            only=("ledge",),
+            only=("ledge",),  # and "base": see Scenario.runs_on
         ),
         Scenario(
             "filters", "deliveries/s", True, "10,000 subscriptions, 1,000 topics", True, run_filters
