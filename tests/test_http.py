@@ -301,6 +301,8 @@ HEAD_REFUSALS = [
     ("absolute form", b"HEAD http://evil.example/ HTTP/1.1\r\nHost: gw1\r\n\r\n", 400),
     ("bad version", b"HEAD / HTTP/9.9\r\nHost: gw1\r\n\r\n", 505),
     ("a head that never ends", b"HEAD / HTTP/1.1\r\nHost: gw1\r\n", 408),
+    ("a header line without a colon", b"HEAD / HTTP/1.1\r\n" + H + b"no colon\r\n\r\n", 400),
+    ("empty lines before it", b"\r\n\r\nHEAD / HTTP/1.1\r\n" + H + b"\r\n", 400),
 ]  # fmt: skip
 
 
@@ -327,6 +329,27 @@ def test_a_refused_head_request_gets_its_status_without_a_body(
         assert answer.headers["connection"] == "close"
         # Nothing follows the head: no body, then the end of the connection.
         assert answer.closed
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [(r, s) for _, r, s in HEAD_REFUSALS],
+    ids=[what for what, _, _ in HEAD_REFUSALS],
+)
+def test_a_refused_head_request_after_another_request_gets_no_body_either(
+    shared_gateway: LedgeProcess, request_bytes: bytes, status: int
+) -> None:
+    """The same HEAD requests pipelined behind a GET on one connection: h11, which
+    cannot read some of them, has seen an HTTP/1.1 request there and would frame an
+    answer without Content-Length as chunked -- a body ("0\\r\\n\\r\\n") after a HEAD."""
+    with Client(http_port(shared_gateway), timeout=30) as client:
+        client.send(b"GET /metrics HTTP/1.1\r\n" + H + b"\r\n" + request_bytes)
+        assert client.answer().status == 200
+        answer = client.answer(head=True)
+        assert answer.status == status
+        assert "transfer-encoding" not in answer.headers
+        assert answer.headers["connection"] == "close"
+        assert answer.closed  # nothing follows the head
 
 
 def test_slowloris_gets_408_at_the_request_timeout_from_its_first_byte(

@@ -896,20 +896,82 @@ def test_a_sleeping_clients_messages_go_only_where_it_connected_from(
     assert moved.expect(PingResp) == PingResp()
 
 
-def test_a_device_that_moved_connects_again_and_then_wakes_from_its_new_address() -> None:
-    h = SnHarness()
+def test_a_connect_naming_a_sleeping_client_from_elsewhere_is_refused_and_its_buffer_waits(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A CONNECT is no way round the wake's origin: naming a sleeping client from
+    another host, transport or forwarder node -- with clean session or without, with a
+    Will or without -- it gets 0x01 congestion and nothing else, is counted as a wake
+    refused and logged; the session stays where it was, and the device itself gets its
+    message when it wakes (from a new port), or connects again, from its address."""
+    h = SnHarness([TransportPolicy("udp"), TransportPolicy("serial")])
+    w = watcher(h, "status/#")
     mqtt = h.client(MQTT_311)
     mqtt.connect("pub")
     dev = h.device(("10.0.0.2", 1000))
-    dev.connect("roamer", clean=False)
+    dev.connect("victim-1", clean=False, will=("status/victim-1", b"gone", 0, False))
+    tid = dev.subscribe("to/victim", qos=1).topic_id
+    dev.sleep(600)
+    mqtt.publish("to/victim", b"secret", qos=1)
+    thieves = [
+        h.device(("10.0.0.66", 1000)),  # another host
+        h.device(("10.0.0.2", 1000), transport="serial"),  # another transport
+        h.device(("10.0.0.2", 1001), node_id=b"\x07"),  # a node behind a forwarder there
+    ]
+    for thief in thieves:
+        for clean in (True, False):
+            thief.send(Connect("victim-1", 60, clean))
+            assert thief.take() == [ConnAck(ReturnCode.CONGESTION)]
+        thief.send(Connect("victim-1", 60, True, True))  # with the Will flag
+        assert thief.take() == [ConnAck(ReturnCode.CONGESTION)]
+    assert h.gateway.stats.wakes_refused == 9
+    assert h.gateway.stats.clients_refused == 9
+    victim = h.gateway.by_id["victim-1"]
+    assert (victim.state.name, victim.key) == ("ASLEEP", ("udp", ("10.0.0.2", 1000), b""))
+    assert (
+        "10.0.0.66:1000 (udp): refusing CONNECT of 'victim-1': it is asleep, connected from"
+        " 10.0.0.2:1000 (udp); from elsewhere it may connect once its sleep has run out"
+    ) in [r.getMessage() for r in caplog.records]
+    woken = h.device(("10.0.0.2", 2000))  # the device itself, from a new source port
+    woken.wake("victim-1")
+    got = woken.expect(Publish)
+    assert (got.data, got.topic_id) == (b"secret", tid)
+    woken.ack(got)
+    assert woken.expect(PingResp) == PingResp()
+    mqtt.publish("to/victim", b"second", qos=1)
+    rebooted = h.device(("10.0.0.2", 3000))  # a CONNECT from its own address wakes it
+    assert rebooted.connect("victim-1", clean=False) == ConnAck(ReturnCode.ACCEPTED)
+    assert rebooted.expect(Publish).data == b"second"
+    for thief in thieves:
+        thief.nothing()
+    assert mqtt_messages(w) == []  # no will: the device was never lost
+
+
+def test_a_device_that_moved_while_asleep_connects_from_its_new_address_after_its_sleep() -> None:
+    """MQTT-SN cannot tell a device with a new DHCP lease from a host naming it: its
+    CONNECT from the new address waits (0x01 congestion) until its sleep has run out;
+    then the sleeper is lost (its will published) and the CONNECT resumes the session
+    of clean session 0 with the QoS 1 message it kept."""
+    h = SnHarness()
+    w = watcher(h, "status/#")
+    mqtt = h.client(MQTT_311)
+    mqtt.connect("pub")
+    dev = h.device(("10.0.0.2", 1000))
+    dev.connect("roamer", clean=False, will=("status/roamer", b"gone", 0, False))
     dev.subscribe("to/roamer", qos=1)
     dev.sleep(600)
     mqtt.publish("to/roamer", b"kept", qos=1)
     renewed = h.device(("10.0.0.9", 1000))  # a new DHCP lease
     renewed.wake("roamer")
     assert renewed.take() == [Disconnect()]  # connect again, says the gateway
+    assert renewed.connect("roamer", clean=False) == ConnAck(ReturnCode.CONGESTION)
+    h.advance(600 * 1.5 - 1)
+    assert renewed.connect("roamer", clean=False) == ConnAck(ReturnCode.CONGESTION)
+    h.advance(1)  # its sleep duration x keepalive_grace: lost
+    assert mqtt_messages(w) == [("status/roamer", b"gone", 0, False)]
     assert renewed.connect("roamer", clean=False) == ConnAck(ReturnCode.ACCEPTED)
     assert renewed.expect(Publish).data == b"kept"
+    assert h.gateway.stats.wakes_refused == 3
 
 
 def test_unproven_clients_hold_a_share_and_the_oldest_past_its_grace_makes_room() -> None:

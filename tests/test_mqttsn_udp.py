@@ -545,6 +545,47 @@ def test_a_sleeping_devices_messages_cannot_be_taken_from_another_address(
     mqtt.disconnect()
 
 
+def test_a_connect_cannot_take_a_sleeping_devices_messages_from_another_address(
+    tmp_path: Path,
+) -> None:
+    """The same device asleep; a CONNECT with its client id from 127.0.0.66, clean
+    session or not, gets CONNACK 0x01 and nothing else -- no PUBLISH of what waits --
+    counted as a wake refused and logged; the device, waking itself, gets its message."""
+    with Gateway(tmp_path, extra="[http]\nenabled = true\nport = 0\n") as gw:
+        http = _http_port(gw)
+        mqtt = Paho(gw.mqtt_port, "pub-victim", version=4).connect()
+        c = gw.client("victim-2")
+        c.send_connect()
+        listener = Listener()
+        c.send_subscribe("to/victim/#", 1, listener)
+        c.send_disconnect(60)  # asleep
+        mqtt.publish("to/victim/a", b"secret", qos=1)
+        gw.proc.wait_log(r"'pub-victim'")
+        with _socket_on("127.0.0.66") as thief:
+            thief.settimeout(5)
+            for clean in (True, False):
+                thief.sendto(encode(Connect("victim-2", 60, clean)), ("127.0.0.1", gw.sn_port))
+                reply, _ = thief.recvfrom(64)
+                assert decode(reply) == ConnAck(ReturnCode.CONGESTION)
+            thief.settimeout(0.2)
+            with pytest.raises(TimeoutError):
+                thief.recvfrom(64)  # and nothing else: no PUBLISH
+        gw.proc.wait_log(r"127\.0\.0\.66:\d+ \(.*\): refusing CONNECT of 'victim-2': it is asleep")
+        assert scrape(http)["ledge_mqttsn_wakes_refused_total"] == 2
+        wake = PingReqPacket()  # see test_a_sleeping_device_gets_its_buffered_messages...
+        wake.client_id = "victim-2"
+        c.send_packet(wake.encode())
+
+        def polled() -> bool:
+            c.polling()
+            return bool(listener.messages)
+
+        wait_for(polled, 10, "the buffered message after waking")
+        assert listener.messages == [("to/victim/a", b"secret")]
+        c.close()
+        mqtt.disconnect()
+
+
 @pytest.mark.skipif(not shutil.which("mosquitto_sub"), reason="Debian's mosquitto-clients")
 def test_mosquitto_sub_sees_a_device_publish(gw: Gateway) -> None:
     sub = subprocess.Popen(

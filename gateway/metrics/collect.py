@@ -884,7 +884,8 @@ class MqttSnSource:
         )
         yield counter(
             "ledge_mqttsn_wakes_refused_total",
-            "PINGREQs waking a sleeping client from elsewhere than it connected from.",
+            "PINGREQs and CONNECTs naming a sleeping MQTT-SN client from elsewhere than it"
+            " connected from, refused.",
             st.wakes_refused,
         )
         yield counter(

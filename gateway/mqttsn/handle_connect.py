@@ -1,14 +1,16 @@
 """CONNECT with its Will prompts (6.2, 6.3), and the Will updates of a connection (6.4).
 
 A CONNECT passes, in order: the connect rates (``max_connect_rate_per_address`` for
-a UDP source, ``max_connect_rate`` in all), the checks of ``_refusal`` (protocol id,
+a UDP source, ``max_connect_rate`` in all), the checks of ``_check`` (protocol id,
 client id, the transport's ``allow_client_ids``, an MQTT client holding the id,
-``max_connecting``), the clients of its source (``pool.address_full``) and a slot in
-the pool (``pool.make_room``). A client id we know resumes its session, maybe from a
-new address. With the Will flag the gateway asks for WILLTOPIC and WILLMSG within
-``connect_timeout``; then ``_accept``: the Will must be one the client may publish,
-the client gets its broker session (``ProxyClient``), CONNACK, what was in flight and
-what is queued. It is unproven until it is heard from again (``pool``).
+``max_connecting``), a sleeping client's origin (``_asleep_elsewhere``), the clients
+of its source (``pool.address_full``) and a slot in the pool (``pool.make_room``). A
+client id we know resumes its session, maybe from a new address -- but a sleeping
+one's only from where it connected, as its wake (``handle_sleep``). With the Will
+flag the gateway asks for WILLTOPIC and WILLMSG within ``connect_timeout``; then
+``_accept``: the Will must be one the client may publish, the client gets its broker
+session (``ProxyClient``), CONNACK, what was in flight and what is queued. It is
+unproven until it is heard from again (``pool``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from gateway.broker.proxy import ProxyClient
 from gateway.broker.publish_policy import sys_write_refused
 from gateway.mqtt.topics import topic_name_error
 from gateway.mqttsn import delivery, keepalive, output, pool, sessions
-from gateway.mqttsn.addresses import source, where
+from gateway.mqttsn.addresses import origin, source, where
 from gateway.mqttsn.context import Context, SnClient, log
 from gateway.mqttsn.errors import NotConnected, Refused
 from gateway.mqttsn.packets import (
@@ -45,6 +47,14 @@ def handle_connect(ctx: Context, key: Key, packet: Connect, now: float) -> None:
         st.clients_refused_rate += 1
         raise Refused(ReturnCode.CONGESTION, cid, too_fast)
     _check(ctx, key, packet)
+    sleeper = _asleep_elsewhere(ctx, key, cid)
+    if sleeper is not None:
+        st.wakes_refused += 1
+        why = (
+            f"it is asleep, connected from {sleeper.where}; from elsewhere it may"
+            " connect once its sleep has run out"
+        )
+        raise Refused(ReturnCode.CONGESTION, cid, why)
     if pool.address_full(ctx, key, cid) and not pool.evict_unproven_at(ctx, key, cid, now):
         st.clients_refused_per_address += 1
         why = (
@@ -115,6 +125,22 @@ def _check(ctx: Context, key: Key, packet: Connect) -> None:
     if packet.will and ctx.connecting >= ctx.settings.max_connecting:
         why = f"{ctx.connecting} clients already connecting"
         raise Refused(ReturnCode.CONGESTION, cid, why)
+
+
+def _asleep_elsewhere(ctx: Context, key: Key, cid: str) -> SnClient | None:
+    """The client ``cid`` when it sleeps (6.14) and ``key`` is not where it connected
+    from (its transport, IPv4 address or IPv6 /64, forwarder node; any port).
+
+    Its buffered messages go only there: a CONNECT taking its session from elsewhere
+    would be sent them, whatever its clean session flag (a CONNECT while asleep only
+    wakes a session). MQTT-SN cannot tell a device that moved from a host naming it,
+    so both wait until its sleep duration x ``keepalive_grace`` has run out (it is
+    lost, its will published, a session with clean session 0 remembered), and
+    ``CONGESTION`` says to try again later."""
+    client = ctx.by_id.get(cid)
+    if client is None or client.state not in SLEEPING_STATES or origin(key) == client.origin:
+        return None
+    return client
 
 
 def _resume(ctx: Context, client: SnClient, key: Key, packet: Connect, now: float) -> SnClient:

@@ -5,8 +5,9 @@ messages wait in its queue. A PINGREQ naming it wakes it: what waited is sent, t
 PINGRESP, and it sleeps again (``delivery.pump``). A sleeping device often wakes
 with a new source port, so the PINGREQ may come from another address -- but only
 from where it connected (the same IPv4 address or IPv6 /64, serial line and
-forwarder node); from elsewhere the wake is refused (``clients/wake refused``). A
-device that moved CONNECTs again: the DISCONNECT answering a refused wake tells it to.
+forwarder node); from elsewhere the wake is refused (``clients/wake refused``), and
+so is a CONNECT naming it (``handle_connect``): a device that moved connects again
+once its sleep has run out.
 """
 
 from __future__ import annotations

@@ -136,7 +136,8 @@ class SnStats:
     clients_refused_rate: int = 0
     #: Unproven clients (silent since their CONNACK) evicted for a newcomer.
     clients_evicted_unproven: int = 0
-    #: PINGREQs naming a sleeping client, sent from elsewhere than it connected from.
+    #: PINGREQs and CONNECTs naming a sleeping client, sent from elsewhere than it
+    #: connected from (refused).
     wakes_refused: int = 0
     dropped_queue_full: int = 0
     dropped_topic_table: int = 0

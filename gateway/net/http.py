@@ -479,6 +479,12 @@ WAIT: Final = "wait"
 Verdict = Refusal | str
 
 
+def _request_start(data: bytes) -> bytes:
+    """The first bytes of a request, after the empty lines a client may send before
+    it (RFC 9112 2.2; h11 refuses those with 400): enough to tell a HEAD."""
+    return data.lstrip(b"\r\n")[: len(_HEAD)]
+
+
 def _reason(status: int) -> bytes:
     try:
         return HTTPStatus(status).phrase.encode("ascii")
@@ -591,7 +597,7 @@ class HTTPProtocol(asyncio.Protocol):
             self._arm(self.server.settings.request_timeout)
             self.server.admission.request_started(self, self.server.loop.time())
         if len(self._prefix) < len(_HEAD):
-            self._prefix = (self._prefix + data)[: len(_HEAD)]
+            self._prefix = _request_start(self._prefix + data)
         self.conn.receive_data(data)
         if self.busy is None:
             self._process()
@@ -696,18 +702,19 @@ class HTTPProtocol(asyncio.Protocol):
         self, response: Response, head: bool, close: bool = False, *, read: bool = True
     ) -> None:
         """Answer: ``head`` leaves the body out. ``read`` says h11 read the request; a
-        HEAD it did not read has no Content-Length either (h11 would expect that many
-        bytes of body), and ends with the connection (RFC 9110 9.3.2 allows that)."""
+        HEAD it did not read is not one to h11, which would frame a body (that many
+        bytes after a Content-Length, or a chunked one after an earlier HTTP/1.1
+        request on the connection): its answer ends after the head, with the
+        connection (RFC 9110 9.3.2: no content, whatever the header fields say)."""
         transport = self.transport
         self.busy = None
         if transport is None or self.closing:
             return
         self.server.count(response.status)
-        close = close or self.requests >= self.server.settings.max_requests
-        length = [] if head and not read else [("content-length", str(len(response.body)))]
+        close = close or self.requests >= self.server.settings.max_requests or not read
         headers = [
             ("content-type", response.content_type),
-            *length,
+            ("content-length", str(len(response.body))),
             ("cache-control", "no-store"),
             ("x-content-type-options", "nosniff"),
             *response.headers,
@@ -723,7 +730,8 @@ class HTTPProtocol(asyncio.Protocol):
             )
             if not head and response.body:
                 data = (data or b"") + (conn.send(h11.Data(data=response.body)) or b"")
-            data = (data or b"") + (conn.send(h11.EndOfMessage()) or b"")
+            if read or not head:
+                data = (data or b"") + (conn.send(h11.EndOfMessage()) or b"")
         except h11.LocalProtocolError:
             self._close()
             return
@@ -739,7 +747,7 @@ class HTTPProtocol(asyncio.Protocol):
             conn.start_next_cycle()
             pending = conn.trailing_data[0]
             self._started = bool(pending)
-            self._prefix = pending[: len(_HEAD)]
+            self._prefix = _request_start(pending)
             now = self.server.loop.time()
             if self._started:
                 self.server.admission.request_started(self, now)
