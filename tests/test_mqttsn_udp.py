@@ -531,8 +531,16 @@ def test_a_sleeping_devices_messages_cannot_be_taken_from_another_address(
         with pytest.raises(TimeoutError):
             thief.recvfrom(64)  # and nothing else: no PUBLISH, no PINGRESP
     gw.proc.wait_log(r"127\.0\.0\.66:\d+ \(.*\): PINGREQ waking 'victim-1' refused")
-    wake = PingReqPacket()  # see test_a_sleeping_device_gets_its_buffered_messages...
-    wake.client_id = "victim-1"
+    assert _woken(c, "victim-1", listener) == [("to/victim/a", b"secret")]
+    c.close()
+    mqtt.disconnect()
+
+
+def _woken(c: Any, client_id: str, listener: Listener) -> list[tuple[str | None, bytes]]:
+    """The sleeping device ``c`` wakes itself (PINGREQ with its client id, see
+    test_a_sleeping_device_gets_its_buffered_messages...): what it then receives."""
+    wake = PingReqPacket()
+    wake.client_id = client_id
     c.send_packet(wake.encode())
 
     def polled() -> bool:
@@ -540,9 +548,7 @@ def test_a_sleeping_devices_messages_cannot_be_taken_from_another_address(
         return bool(listener.messages)
 
     wait_for(polled, 10, "the buffered message after waking")
-    assert listener.messages == [("to/victim/a", b"secret")]
-    c.close()
-    mqtt.disconnect()
+    return listener.messages
 
 
 def test_a_connect_cannot_take_a_sleeping_devices_messages_from_another_address(
@@ -572,16 +578,7 @@ def test_a_connect_cannot_take_a_sleeping_devices_messages_from_another_address(
                 thief.recvfrom(64)  # and nothing else: no PUBLISH
         gw.proc.wait_log(r"127\.0\.0\.66:\d+ \(.*\): refusing CONNECT of 'victim-2': it is asleep")
         assert scrape(http)["ledge_mqttsn_wakes_refused_total"] == 2
-        wake = PingReqPacket()  # see test_a_sleeping_device_gets_its_buffered_messages...
-        wake.client_id = "victim-2"
-        c.send_packet(wake.encode())
-
-        def polled() -> bool:
-            c.polling()
-            return bool(listener.messages)
-
-        wait_for(polled, 10, "the buffered message after waking")
-        assert listener.messages == [("to/victim/a", b"secret")]
+        assert _woken(c, "victim-2", listener) == [("to/victim/a", b"secret")]
         c.close()
         mqtt.disconnect()
 
