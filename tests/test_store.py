@@ -414,6 +414,38 @@ def test_acknowledged_messages_leave_the_store(durable: Durable) -> None:
 # --------------------------------------------------------------------------- group commit
 
 
+def test_a_retained_topic_holds_its_last_change_of_one_commit_after_a_restart(
+    durable: Durable,
+) -> None:
+    """Changes of retained topics within one commit (one batch, applied grouped): each
+    topic holds its last change after a restart, whatever came before it."""
+    pub = durable.h.client()
+    pub.connect("pub")
+    changes = {
+        "r/set-clear-set": [b"1", b"", b"2"],
+        "r/set-clear": [b"1", b""],
+        "r/clear-set": [b"", b"1"],
+        "r/set-set": [b"1", b"2"],
+        "r/clear-set-clear-set": [b"", b"1", b"", b"3"],
+    }
+    pid = 0
+    for i in range(max(map(len, changes.values()))):  # interleaved, as devices do
+        for topic, payloads in changes.items():
+            if i < len(payloads):
+                pid += 1
+                pub.send(Publish(topic, payloads[i], 1, retain=True, packet_id=pid))
+    durable.commit()
+    later = durable.restart()
+    try:
+        fresh = later.h.client()
+        fresh.connect("fresh")
+        fresh.subscribe("r/#", 1)
+        held = {p.topic: p.payload for p in fresh.publishes()}
+        assert held == {t: p[-1] for t, p in changes.items() if p[-1]}
+    finally:
+        later.close()
+
+
 def test_group_commit_commits_a_lone_change_at_once_and_groups_what_follows(
     tmp_path: Path,
 ) -> None:

@@ -744,8 +744,9 @@ def _rows(op: Op, offset: float) -> tuple[Any, ...]:
 
 
 #: The message-flow operations, grouped per kind and applied with executemany in this
-#: order. Safe: message ids and queue seqs are never reused within a batch, so every
-#: insert of a row precedes its update and its delete.
+#: order. Safe: message ids, queue seqs and outbox positions are never reused within a
+#: batch, so every insert of a row precedes its update and its delete. Retained topics
+#: are reused (set, cleared, set again): only each topic's last change is applied.
 _GROUPED: Final[tuple[tuple[type, str], ...]] = (
     (StoreMessage, "INSERT OR REPLACE INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"),
     (AddEntry, "INSERT OR REPLACE INTO queue VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"),
@@ -791,14 +792,21 @@ def _apply_grouped(db: sqlite3.Connection, ops: list[Op], offset: float) -> None
     """Apply a batch of message-flow operations with one executemany per kind.
 
     The incoming-QoS-2 operations keep their relative order among themselves (a packet
-    id can be added, released and added again within one batch)."""
+    id can be added, released and added again within one batch); of a retained topic's
+    changes only the last is applied (a set, a clear and a set again must leave the
+    set, which deleting after every insert would not)."""
     groups: dict[type, list[tuple[Any, ...]]] = {}
     incoming: list[Op] = []
+    retained: dict[str, Op] = {}
     for op in ops:
         if isinstance(op, AddIncoming | RemoveIncoming):
             incoming.append(op)
+        elif isinstance(op, Retain | Unretain):
+            retained[op.topic] = op  # a topic's last change is its state
         else:
             groups.setdefault(type(op), []).append(_rows(op, offset))
+    for op in retained.values():
+        groups.setdefault(type(op), []).append(_rows(op, offset))
     for kind, sql in _GROUPED:
         rows = groups.get(kind)
         if rows:
