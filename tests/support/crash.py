@@ -23,18 +23,21 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.enums import CallbackAPIVersion, MessageState
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from tests.support.procs import LedgeProcess, free_port
 from tests.support.wait import wait_for
 
+#: paho's states of a message it has still to send (after a reconnect: re-send).
+_UNSENT = frozenset({MessageState.MQTT_MS_PUBLISH, MessageState.MQTT_MS_QUEUED})
 TOPIC = "crash"
 #: The user property the publishers with properties send (name -> their own name).
 PROPERTY = "crash-publisher"
@@ -120,6 +123,11 @@ class Publisher:
     early: set[int] = field(default_factory=set)
     #: When the last acknowledgement came (``time.monotonic``; 0: none yet).
     last_ack: float = 0.0
+    #: How many of its messages the slowest subscriber still lacks (None: no pacing).
+    #: Publishing waits while that exceeds ``max_behind``: the load then runs at the
+    #: rate the gateway delivers, and the backlog in its store stays bounded.
+    behind: Callable[[Publisher], int] | None = None
+    max_behind: int = 2000
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
 
@@ -171,11 +179,11 @@ class Publisher:
         while not self.stop.is_set():
             with self.lock:
                 pending = len(self.mids)
-            if pending >= 80:
+            if pending >= 80 or (self.behind is not None and self.behind(self) > self.max_behind):
                 # Bounded backlog in the client, and below Ledge's receive maximum of 100:
                 # paho re-sends its whole backlog after a reconnect, ignoring its own
                 # in-flight window, and more than 100 unacknowledged QoS 2 is a
-                # protocol error (DISCONNECT 0x93).
+                # protocol error (DISCONNECT 0x93). Paced: wait for the subscribers.
                 self.stop.wait(0.005)
                 continue
             seq = self.sent + 1
@@ -187,16 +195,26 @@ class Publisher:
             elif self.is_clear(seq) and self.version == 5:
                 props = Properties(PacketTypes.PUBLISH)
                 props.UserProperty = (SEQ_PROPERTY, str(seq))
-            info = self.client.publish(
-                self.topic(seq), self.payload(seq), self.qos, self.retain, properties=props
-            )
-            with self.lock:
-                if info.mid in self.early:
-                    self.early.discard(info.mid)
-                    self.acked.add(seq)
-                else:
-                    self.mids[info.mid] = seq
-            self.sent = seq
+            # After a reconnect paho re-sends what is unacknowledged only once the
+            # CONNACK comes, but sends a new message at once: published in between,
+            # it would overtake the older ones, and a broker keeps the order it is
+            # given (a retained topic would end on an older change). So nothing new
+            # while an older message waits to be sent; paho's own lock (reentrant)
+            # makes the look and the publish one step.
+            with self.client._out_message_mutex:
+                if any(m.state in _UNSENT for m in self.client._out_messages.values()):
+                    self.stop.wait(0.005)
+                    continue
+                info = self.client.publish(
+                    self.topic(seq), self.payload(seq), self.qos, self.retain, properties=props
+                )
+                with self.lock:
+                    if info.mid in self.early:
+                        self.early.discard(info.mid)
+                        self.acked.add(seq)
+                    else:
+                        self.mids[info.mid] = seq
+                self.sent = seq
 
     def halt(self) -> None:
         """Publish no more; what is in flight may still be acknowledged."""
@@ -214,6 +232,8 @@ class Subscriber:
     #: What it subscribes to (the bridge's upstream subscriber: the remote prefix).
     topic_filter: str = f"{TOPIC}/#"
     received: list[tuple[str, int]] = field(default_factory=list)
+    #: The highest number received per publisher (first arrivals come in order).
+    highest: dict[str, int] = field(default_factory=dict)
     #: Messages that should have carried properties and came without them.
     stripped: list[tuple[str, int]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -243,6 +263,8 @@ class Subscriber:
             name, _, seq = bytes(msg.payload).decode().partition(":")
         with self.lock:
             self.received.append((name, int(seq)))
+            if int(seq) > self.highest.get(name, 0):
+                self.highest[name] = int(seq)
             if name in WITH_PROPERTIES and self.version == 5:
                 props = getattr(msg, "properties", None)
                 users = getattr(props, "UserProperty", None) or []
@@ -281,6 +303,9 @@ class Load:
     port: int
     #: Add a publisher of retained changes over several topics, a third of them clears.
     retained_changes: bool = False
+    #: Pace every publisher to stay at most this many messages ahead of the slowest
+    #: local subscriber (None: publish as fast as acknowledgements come).
+    max_behind: int | None = None
     subscribers: list[Subscriber] = field(init=False)
     publishers: list[Publisher] = field(init=False)
 
@@ -302,6 +327,13 @@ class Load:
             self.publishers.append(
                 Publisher(CHANGES, 1, 5, port, retain=True, topics=CHANGE_TOPICS, clear_every=3)
             )
+        if self.max_behind is not None:
+            for p in self.publishers:
+                p.behind, p.max_behind = self.behind, self.max_behind
+
+    def behind(self, p: Publisher) -> int:
+        """How many of ``p``'s messages the slowest local subscriber still lacks."""
+        return p.sent - min(s.highest.get(p.name, 0) for s in self.subscribers)
 
     def start(self, *extra: Subscriber) -> None:
         """Subscribers first (``extra`` too), then the publishers."""
@@ -351,23 +383,52 @@ class Load:
         return out
 
     def wait_delivered(
-        self, subscribers: list[Subscriber], expected: dict[str, set[int]], timeout: float
-    ) -> None:
-        """Wait (up to ``timeout``) until every acknowledged message reached every one
-        of ``subscribers``; what is still missing then is reported by ``check``."""
+        self,
+        subscribers: list[Subscriber],
+        expected: dict[str, set[int]],
+        timeout: float,
+        limit: float | None = None,
+    ) -> Delivery:
+        """Wait until every acknowledged message reached every one of ``subscribers``,
+        or until ``timeout`` s pass with none of the missing ones arriving (at most
+        ``limit`` s in all; default ``timeout``): a backlog still draining is waited
+        for, a stall is not. What is still missing then is reported by ``check``.
 
-        def complete() -> bool:
+        Each poll looks only at what arrived since the last one, so a wait over
+        hundreds of thousands of messages does not take the CPU from the gateway."""
+        began = time.monotonic()
+        limit = timeout if limit is None else max(limit, timeout)
+        missing = {
+            s.name: {
+                (p.name, q)
+                for p in self.publishers
+                for q in expected[p.name]
+                if self._identifiable(p, s, q)
+            }
+            for s in subscribers
+        }
+        seen = dict.fromkeys(missing, 0)
+        delivery = Delivery(missing=sum(map(len, missing.values())))
+        last_progress = began
+        while True:
+            left = 0
             for s in subscribers:
                 with s.lock:
-                    have = set(s.received)
-                for p in self.publishers:
-                    for q in expected[p.name]:
-                        if (p.name, q) not in have and self._identifiable(p, s, q):
-                            return False
-            return True
-
-        with contextlib.suppress(AssertionError):  # reported by check, message by message
-            wait_for(complete, timeout, "every acknowledged message at every subscriber")
+                    new = s.received[seen[s.name] :]
+                seen[s.name] += len(new)
+                gap = missing[s.name]
+                if gap:
+                    gap.difference_update(new)
+                left += len(gap)
+            now = time.monotonic()
+            if left < delivery.missing:
+                delivery.missing, delivery.last_arrival = left, now - began
+                last_progress = now
+            if not left or now - last_progress >= timeout or now - began >= limit:
+                delivery.waited = now - began
+                delivery.stalled = bool(left) and now - last_progress >= timeout
+                return delivery
+            time.sleep(0.2)
 
     @staticmethod
     def _identifiable(p: Publisher, s: Subscriber, seq: int) -> bool:
@@ -441,6 +502,27 @@ class Load:
             # cycle (its callbacks are methods of the object holding it), and the
             # collector may finalize the pair before paho closes it ("unclosed socket")
             client._reset_sockets()
+
+
+@dataclass
+class Delivery:
+    """How ``Load.wait_delivered`` ended."""
+
+    #: Acknowledged messages still missing at some subscriber (one per subscriber).
+    missing: int
+    #: Seconds waited, and when (since the start of the wait) the last missing one came.
+    waited: float = 0.0
+    last_arrival: float = 0.0
+    #: Missing ones stopped arriving (False: the wait's limit ended a draining backlog).
+    stalled: bool = False
+
+    def describe(self) -> str:
+        """What a report says when messages are still missing."""
+        if self.stalled:
+            why = f"none arrived after {self.last_arrival:.0f} s of the wait"
+        else:
+            why = f"still arriving when the {self.waited:.0f} s limit ended the wait"
+        return f"{self.missing} deliveries missing after {self.waited:.0f} s ({why})"
 
 
 def _numbers(name: str, seqs: list[int], show: int = 10) -> str:

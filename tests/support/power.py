@@ -317,6 +317,8 @@ class PowerReport:
     #: What fsck found after the cuts, when the target has a file system of its own.
     fsck: Counter[str] = field(default_factory=Counter)
     problems: list[str] = field(default_factory=list)
+    #: The end: seconds waited for every acknowledged message to be delivered everywhere.
+    drained: float = 0.0
 
     def summary(self) -> str:
         c = sorted(self.connack) or [0.0]
@@ -335,6 +337,7 @@ class PowerReport:
             f"{statistics.median(c) * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms, max "
             f"{c[-1] * 1000:.0f} ms; "
             + (f"fsck after the cuts: {dict(self.fsck)}; " if self.fsck else "")
+            + f"end wait for deliveries {self.drained:.0f} s; "
             + f"{len(self.problems)} problems"
         )
 
@@ -427,13 +430,17 @@ def run(
     seed: int | None = None,
     durability: str = "power",
     settle: float = 120.0,
+    max_behind: int = 2000,
     progress: bool = False,
     target: Callable[[Path, int], Target] | None = None,
     every: int = 50,
 ) -> PowerReport:
     """``cuts`` power cuts under load; ``settle``: how long the end may wait for the
-    last acknowledgements, and then as long again for the deliveries (what is still
-    missing then is reported: the run always ends with a verdict).
+    last acknowledgements, and then for deliveries to go on arriving (what is still
+    missing after ``settle`` s without one, or 10 x ``settle`` in all, is reported:
+    the run always ends with a verdict). Publishers stay at most ``max_behind``
+    messages ahead of the slowest local subscriber: the load runs at the rate the
+    gateway delivers and the store's backlog stays bounded over a long run.
     ``target`` makes what is cut from the directory and the cloud relay's port (by
     default ``LocalTarget`` with ``durability``); ``every``: cuts between progress
     lines."""
@@ -448,7 +455,7 @@ def run(
         device = target(directory, upstream.port)
     report = PowerReport(cuts=cuts, target=device.label)
     port = device.port
-    load = Load(port, retained_changes=True)
+    load = Load(port, retained_changes=True, max_behind=max_behind)
     cloud = Subscriber("cloud", 1, 5, cloud_broker.port, topic_filter=f"{REMOTE_PREFIX}{TOPIC}/#")
     retained = [p for p in load.publishers if p.retain]
     topics = sorted({p.topic(k) for p in retained for k in range(p.topics)})
@@ -527,9 +534,14 @@ def run(
                 f"at the end: {x}" for x in unanswered(load.publishers, settle, cut_at)
             ]
             expected = load.acknowledged()
-        # One deadline for the local subscribers and the cloud: what is missing then
-        # is reported by the checks below.
-        load.wait_delivered([*load.subscribers, cloud], expected, settle)
+        # The local subscribers and the cloud together, for as long as the missing
+        # ones keep coming: what is missing then is reported by the checks below.
+        delivery = load.wait_delivered(
+            [*load.subscribers, cloud], expected, settle, limit=10 * settle
+        )
+        report.drained = delivery.waited
+        if delivery.missing:
+            report.problems.append(f"at the end: {delivery.describe()}")
         state = retained_state(port, topics, device.answer_timeout)
         if state is None:
             report.problems.append("at the end: the retained sentinel is gone")
