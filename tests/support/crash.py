@@ -200,21 +200,23 @@ class Publisher:
             # it would overtake the older ones, and a broker keeps the order it is
             # given (a retained topic would end on an older change). So nothing new
             # while an older message waits to be sent; paho's own lock (reentrant)
-            # makes the look and the publish one step.
+            # makes the look and the publish one step (the wait is outside it: paho's
+            # thread needs the lock to re-send).
             with self.client._out_message_mutex:
-                if any(m.state in _UNSENT for m in self.client._out_messages.values()):
-                    self.stop.wait(0.005)
-                    continue
-                info = self.client.publish(
-                    self.topic(seq), self.payload(seq), self.qos, self.retain, properties=props
-                )
-                with self.lock:
-                    if info.mid in self.early:
-                        self.early.discard(info.mid)
-                        self.acked.add(seq)
-                    else:
-                        self.mids[info.mid] = seq
-                self.sent = seq
+                unsent = any(m.state in _UNSENT for m in self.client._out_messages.values())
+                if not unsent:
+                    info = self.client.publish(
+                        self.topic(seq), self.payload(seq), self.qos, self.retain, properties=props
+                    )
+                    with self.lock:
+                        if info.mid in self.early:
+                            self.early.discard(info.mid)
+                            self.acked.add(seq)
+                        else:
+                            self.mids[info.mid] = seq
+                    self.sent = seq
+            if unsent:
+                self.stop.wait(0.005)
 
     def halt(self) -> None:
         """Publish no more; what is in flight may still be acknowledged."""
