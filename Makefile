@@ -37,7 +37,7 @@ crash-test:     ## kill -9 Ledge ITERATIONS times under QoS 1/2 load and check n
 	scripts/setup --test
 	.venv/bin/python -m tests.support.crash --iterations $(ITERATIONS)
 
-power-test:     ## cut the power under Ledge CUTS times (data_dir on a lossy FUSE file system, QoS 1/2 load, a bridge to a Mosquitto that comes and goes) and check nothing acknowledged is lost (~80 min)
+power-test:     ## cut the power under Ledge CUTS times (data_dir on a lossy FUSE file system, QoS 1/2 load, a bridge to a Mosquitto that comes and goes) and check nothing acknowledged is lost (~30 min)
 	scripts/setup --test
 	.venv/bin/python -m tests.support.power --cuts $(CUTS)
 
