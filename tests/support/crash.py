@@ -36,8 +36,10 @@ from paho.mqtt.properties import Properties
 from tests.support.procs import LedgeProcess, free_port
 from tests.support.wait import wait_for
 
-#: paho's states of a message it has still to send (after a reconnect: re-send).
-_UNSENT = frozenset({MessageState.MQTT_MS_PUBLISH, MessageState.MQTT_MS_QUEUED})
+#: paho's state of a message it has still to send, or re-send after a reconnect. (Not
+#: MQTT_MS_QUEUED: beyond the in-flight window, paho sends those in order as
+#: acknowledgements come, and a new message queues behind them.)
+_UNSENT = MessageState.MQTT_MS_PUBLISH
 TOPIC = "crash"
 #: The user property the publishers with properties send (name -> their own name).
 PROPERTY = "crash-publisher"
@@ -203,7 +205,7 @@ class Publisher:
             # makes the look and the publish one step (the wait is outside it: paho's
             # thread needs the lock to re-send).
             with self.client._out_message_mutex:
-                unsent = any(m.state in _UNSENT for m in self.client._out_messages.values())
+                unsent = any(m.state == _UNSENT for m in self.client._out_messages.values())
                 if not unsent:
                     info = self.client.publish(
                         self.topic(seq), self.payload(seq), self.qos, self.retain, properties=props
