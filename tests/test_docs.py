@@ -330,3 +330,26 @@ def test_a_benchmark_run_is_recorded_as_data_and_shown(tmp_path: Path) -> None:
     latest = load("pipeline")[-1]
     page = (DOCS / "reference" / "benchmark-results.md").read_text()
     assert f"({latest['file']})" in page.replace("`", "")
+
+
+def test_the_benchmark_page_places_each_run_by_its_size_and_shows_its_ratios(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run's line count is near the bench's size, not equal to it (the generator drops
+    lines a fleet's faults remove): it still lands in its size's column, and the latest
+    run's table shows the reference and the ratios the pipeline issue's targets name."""
+    from docs.gen import bench as B
+
+    assert (B.size(999_992), B.size(249_980), B.size(3_999_795)) == (1_000_000, 250_000, 4_000_000)
+    assert B.size(2_000_000) is None
+    row = {
+        "lines": 3_999_795, "run_s": 80.0, "reference_s": 100.0, "session_s": 8.0,
+        "duckdb_s": 16.0, "load": "1.0/1.2",
+    }  # fmt: skip
+    runs = [
+        {"when": "2027-01-05T09:00:00", "machine": "m", "commit": "c", "file": "f", "rows": [row]}
+    ]
+    monkeypatch.setattr(B, "load", lambda _name: runs)
+    page = B.markdown()
+    assert "| 3,999,795 | 80.0 s | 100.0 s | 8.0 s | 16.0 s | 0.80 | 5.0 | 18.0 | 1.0/1.2 |" in page
+    assert "| 2027-01-05 09:00 | m | `c` |  |  | 80.0 (16.0) |" in page
