@@ -353,3 +353,85 @@ def test_home_assistant_discovery(tmp_path: Path, device: FakeDevice) -> None:
         ha.disconnect()
     finally:
         assert proc.stop() == 0
+
+
+def test_a_port_in_process_hands_on_every_byte_and_says_each_change_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``SerialPort`` itself over a pty: every chunk reaches ``on_data`` and is counted;
+    the port is opened non-blocking and exclusively; an unplug is said once (state,
+    flag and a line naming the port, its path and why); the absent device is logged once
+    however many tries it takes, and each try waits its backoff within the jitter."""
+    device = FakeDevice(tmp_path / "by-id")
+    chunks: list[bytes] = []
+    states: list[bool] = []
+    waits: list[float] = []
+    spreads: list[tuple[float, float]] = []
+    changed = asyncio.Event()
+    real_sleep = asyncio.sleep
+    settings = drivers.serial.PortSettings(str(device.link), reconnect_min=0.5)
+
+    def on_data(data: bytes) -> None:
+        chunks.append(data)
+        changed.set()
+
+    def on_state(up: bool) -> None:
+        states.append(up)
+        changed.set()
+
+    port = drivers.serial.SerialPort("line", settings, on_data, on_state)
+    assert (port.name, port.connected, port.port, port.bytes_read) == ("line", False, None, 0)
+
+    async def recorded_sleep(delay: float, result: Any = None) -> Any:
+        waits.append(round(delay, 6))
+        changed.set()
+        return await real_sleep(0)
+
+    def jitter(low: float, high: float) -> float:
+        spreads.append((low, high))
+        return high  # the longest wait the jitter allows
+
+    async def until(done: Any) -> None:
+        while not done():
+            changed.clear()
+            await asyncio.wait_for(changed.wait(), 5)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(port.run())
+        await until(lambda: states == [True])
+        assert port.connected and port.port is not None
+        assert port.port.timeout == 0 and port.port.write_timeout == 0
+        with pytest.raises(serial.SerialException):  # opened exclusively
+            serial.Serial(str(device.link), exclusive=True)
+        device.send(b"abc")
+        await until(lambda: chunks == [b"abc"])
+        device.send(b"defg\n")
+        await until(lambda: b"".join(chunks) == b"abcdefg\n")
+        assert port.bytes_read == 8
+        assert port.write(b"ping") == 4 and device.receive(4) == b"ping"
+        caplog.clear()
+        # (the driver's waits and jitter: asyncio's and random's, for the rest of it)
+        monkeypatch.setattr("drivers.serial.asyncio.sleep", recorded_sleep)
+        monkeypatch.setattr("drivers.serial.random.uniform", jitter)
+        device.unplug()
+        device.link.unlink()
+        await until(lambda: len(waits) >= 4)
+        assert states == [True, False] and not port.connected and port.port is None
+        with pytest.raises(OSError, match="line is not connected"):
+            port.write(b"x")
+        port.stop()
+        await asyncio.wait_for(task, 5)
+
+    with caplog.at_level("INFO", logger="ledge.drivers.serial"):
+        asyncio.run(scenario())
+    lines = [r.getMessage() for r in caplog.records]
+    # (a pty's closed master reads as pyserial's "readiness to read but no data")
+    assert lines[0].startswith(f"line: disconnected from {device.link} (read failed: "), lines
+    assert "device disconnected" in lines[0]
+    absent = [line for line in lines if "cannot open" in line]
+    assert len(absent) == 1, lines  # four tries, one line
+    assert absent[0].startswith(f"line: cannot open {device.link} (No such file or directory)")
+    assert absent[0].endswith("retrying with backoff up to 30 s")
+    assert waits[:4] == [0.6, 1.2, 2.4, 4.8]  # 0.5, 1, 2, 4 s, each at most a fifth longer
+    assert set(spreads) == {(0.8, 1.2)}
+    device.close()
