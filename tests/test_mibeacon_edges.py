@@ -1,0 +1,149 @@
+"""MiBeacon's header at its edges, exactly: the frame control word (version in its top
+four bits, the mesh, MAC, capability, objects and encryption flags), a MAC and a
+capability (with its I/O byte) before the objects, a frame without objects, each
+refusal's reason, text and byte offset, and the MAC in the frame as the nonce of an
+encrypted one. Frames written out byte by byte from the format."""
+
+from __future__ import annotations
+
+import pytest
+
+from drivers.parsers.ble import mibeacon
+from drivers.parsers.ble.base import AdvertError, Context, mac_bytes
+from drivers.parsers.ble.ccm import Cipher
+
+ADDRESS = "A4:C1:38:00:00:01"
+KEY = bytes.fromhex("814aac74c4f17b6c1581e1ab87816b99")
+PRODUCT = b"\x5b\x05"  # 0x055b, little endian
+FRAME = 0x2A
+TEMPERATURE = b"\x04\x10\x02" + (-123).to_bytes(2, "little", signed=True)  # -12.3 °C
+
+
+def ctx(key: bytes | None = None, address: str = ADDRESS) -> Context:
+    return Context(address, cipher=Cipher(key) if key else None)
+
+
+def frame(flags: int, version: int = 5, rest: bytes = b"") -> bytes:
+    # frame control, little endian: flags in the low byte, the version in the top nibble
+    return bytes([flags, version << 4]) + PRODUCT + bytes([FRAME]) + rest
+
+
+def refusal(data: bytes, context: Context) -> tuple[str, str, int]:
+    with pytest.raises(AdvertError) as caught:
+        mibeacon.decode(data, context)
+    e = caught.value
+    assert str(e) == f"{e.detail} (byte {e.offset})"
+    return e.reason, e.detail, e.offset
+
+
+def values(data: bytes, context: Context) -> list[tuple[str, object, str]]:
+    decoded = mibeacon.decode(data, context)
+    assert decoded.problem is None
+    assert decoded.packet_id == FRAME
+    return [(s.field, s.value, s.unit) for s in decoded.samples]
+
+
+MAC_LSB = bytes([6, 5, 4, 3, 2, 1])
+
+
+def test_a_frame_with_mac_and_capabilities_reads_its_objects_after_them() -> None:
+    assert values(frame(0x40, rest=TEMPERATURE), ctx()) == [("temperature", -12.3, "°C")]
+    assert values(frame(0x50, rest=MAC_LSB + TEMPERATURE), ctx()) == [("temperature", -12.3, "°C")]
+    # a capability byte; with bit 0x20 set, an I/O capability byte follows it
+    assert values(frame(0x60, rest=b"\x08" + TEMPERATURE), ctx()) == [("temperature", -12.3, "°C")]
+    assert values(frame(0x60, rest=b"\x09" + TEMPERATURE), ctx()) == [
+        ("temperature", -12.3, "°C")
+    ]  # (bit 0x01 is no I/O byte)
+    assert values(frame(0x60, rest=b"\x28\x01"), ctx()) == []  # the I/O byte, last
+    with_io = frame(0x70, rest=MAC_LSB + b"\x28\x01" + TEMPERATURE)
+    assert values(with_io, ctx()) == [("temperature", -12.3, "°C")]
+    # versions 2 to 15 are read
+    for version in (2, 3, 15):
+        assert values(frame(0x40, version, TEMPERATURE), ctx()) == [("temperature", -12.3, "°C")]
+
+
+def test_a_frame_without_objects_is_a_beacon_with_its_frame_counter() -> None:
+    for data in (frame(0x00), frame(0x10, rest=MAC_LSB), frame(0x30, rest=MAC_LSB + b"\x00")):
+        decoded = mibeacon.decode(data, ctx())
+        assert (decoded.samples, decoded.packet_id, decoded.counter) == ([], FRAME, None)
+    # (an objects frame with none: nothing either, and nothing wrong)
+    assert values(frame(0x40), ctx()) == []
+
+
+@pytest.mark.parametrize(
+    ("data", "key", "expected"),
+    [
+        (frame(0x40)[:4], None, ("short", "4 bytes, a MiBeacon header has 5", 4)),
+        (frame(0xC0, rest=TEMPERATURE), None, ("unsupported", "MiBeacon mesh frame", 0)),
+        (frame(0x40, 1, TEMPERATURE), None, ("unsupported", "MiBeacon version 1", 0)),
+        (frame(0x40, 0, TEMPERATURE), None, ("unsupported", "MiBeacon version 0", 0)),
+        (frame(0x50, rest=MAC_LSB[:5]), None, ("short", "MAC flag set but the MAC is cut off", 10)),
+        (
+            frame(0x70, rest=MAC_LSB),
+            None,
+            ("short", "capability flag set but no capability byte", 11),
+        ),
+        (frame(0x60, rest=b"\x20"), None, ("short", "I/O capability byte is cut off", 6)),
+        (
+            frame(0x48, 3, TEMPERATURE),
+            KEY,
+            ("unsupported", "legacy MiBeacon v3 encryption", 0),
+        ),
+        (
+            frame(0x48, 4, bytes(8)),
+            None,
+            ("no_key", "encrypted MiBeacon advert and no bindkey configured", 0),
+        ),
+        # counter (3) and MIC (4) and at least one byte: seven bytes are too few
+        (
+            frame(0x48, 5, bytes(7)),
+            KEY,
+            ("short", "encrypted MiBeacon advert shorter than counter and MIC", 12),
+        ),
+        (
+            frame(0x58, 5, MAC_LSB + bytes(7)),
+            KEY,
+            ("short", "encrypted MiBeacon advert shorter than counter and MIC", 18),
+        ),
+        (
+            frame(0x48, 5, bytes(8)),
+            KEY,
+            ("wrong_key", "MiBeacon advert does not decrypt with the bindkey", 0),
+        ),
+        (
+            frame(0x40, rest=TEMPERATURE),
+            KEY,
+            ("not_encrypted", "plain MiBeacon advert from a device with a bindkey", 0),
+        ),
+    ],
+)
+def test_each_refusal_names_its_reason_text_and_byte(
+    data: bytes, key: bytes | None, expected: tuple[str, str, int]
+) -> None:
+    assert refusal(data, ctx(key)) == expected
+
+
+def test_an_encrypted_frame_with_its_mac_is_opened_with_that_mac() -> None:
+    """The nonce is the MAC the frame carries (least significant byte first), the product
+    id, the frame counter and the counter's three more bytes; the counter the decoder
+    reports is all four."""
+    sender = mac_bytes("C4:7C:8D:00:00:07")
+    plain = mibeacon.encode(0x055B, FRAME, [(0x1004, b"\x85\xff")], mac=sender)
+    assert plain == frame(0x50, rest=sender[::-1] + TEMPERATURE)
+    sealed = mibeacon.encrypt(plain, sender, 0x010203, KEY)
+    assert sealed[:2] == bytes([0x58, 0x50]) and sealed[5:11] == sender[::-1]
+    decoded = mibeacon.decode(sealed, ctx(KEY, address="7E:00:00:00:00:01"))
+    assert [(s.field, s.value) for s in decoded.samples] == [("temperature", -12.3)]
+    assert (decoded.packet_id, decoded.counter, decoded.problem) == (FRAME, 0x0102032A, None)
+    # without the MAC in the frame, the sender's address is the nonce
+    bare = mibeacon.encrypt(mibeacon.encode(0x055B, FRAME, [(0x1004, b"\x85\xff")]), sender, 1, KEY)
+    assert [s.value for s in mibeacon.decode(bare, ctx(KEY, "C4:7C:8D:00:00:07")).samples] == [
+        -12.3
+    ]
+    assert refusal(bare, ctx(KEY))[0] == "wrong_key"
+
+
+def test_encode_writes_its_flags_and_version() -> None:
+    assert mibeacon.encode(0x055B, FRAME, []) == frame(0x40)
+    assert mibeacon.encode(0x055B, FRAME, [], version=3) == frame(0x40, 3)
+    assert mibeacon.encode(0x055B, FRAME, [], capability=0x08) == frame(0x60, rest=b"\x08")
