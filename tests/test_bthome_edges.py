@@ -12,7 +12,7 @@ import pytest
 
 from drivers.parsers import Sample
 from drivers.parsers.ble import bthome
-from drivers.parsers.ble.base import AdvertError, Context, mac_bytes
+from drivers.parsers.ble.base import AdvertError, Context, company_pattern, mac_bytes, precision
 from drivers.parsers.ble.ccm import Cipher
 
 ADDRESS = "A4:C1:38:00:00:01"
@@ -239,3 +239,16 @@ def test_encode_writes_the_flags_it_is_given() -> None:
     assert bthome.encode([(0x01, b"\x50")], packet_id=9) == bytes([PLAIN, 0x00, 9, 0x01, 0x50])
     with_mac = bthome.encode([], mac=bytes([1, 2, 3, 4, 5, 6]), trigger=True)
     assert with_mac == bytes([0x46, 6, 5, 4, 3, 2, 1])
+
+
+def test_values_keep_the_decimal_places_of_their_factor_and_adverts_are_found_by_uuid() -> None:
+    """The places come from each factor as the format writes it (0.35: one place, so
+    float noise never shows); BTHome is claimed by its 16-bit service UUID 0xFCD2,
+    little endian in the advert, at any position."""
+    assert [precision(f) for f in (1, 0.1, 0.35, 0.01, 0.001, 0.000001)] == [0, 1, 1, 2, 3, 6]
+    assert bthome.PLACES[0x58] == 1 and bthome.PLACES[0x62] == 6
+    assert bthome.decode(bthome.encode([(0x58, b"\x03")]), ctx()).samples == [
+        Sample("temperature", 1.0, "°C")  # 3 x 0.35 = 1.0499999999999998, at one place
+    ]
+    assert bthome.PATTERNS == ((0, 0x16, b"\xd2\xfc"),)
+    assert company_pattern(0x0499) == (0, 0xFF, b"\x99\x04")

@@ -154,9 +154,3 @@ def precision(factor: float) -> int:
     """Decimal places of a scale factor as written in a spec (0.01 -> 2, 0.35 -> 1)."""
     return -int(f"{factor:e}".split("e")[-1])
 
-
-def scaled(raw: int, factor: float, places: int) -> int | float:
-    """``raw * factor`` at the factor's precision; integers stay integers."""
-    if factor == 1:
-        return raw
-    return round(raw * factor, places)
