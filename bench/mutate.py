@@ -134,6 +134,7 @@ SCOPES: dict[str, Scope] = {
             "tests/test_bthome_edges.py",  # refusals, offsets, MAC, every kind of object
             "tests/test_inkbird_edges.py",  # refusals, bounds, probes, what it claims
             "tests/test_mibeacon_edges.py",  # frame control, MAC, capability, refusals
+            "tests/test_ruuvi_edges.py",  # the specification's vectors, units, refusals
             "tests/test_ble_state.py",
             "tests/test_serial.py",
         ),
