@@ -135,6 +135,7 @@ SCOPES: dict[str, Scope] = {
             "tests/test_inkbird_edges.py",  # refusals, bounds, probes, what it claims
             "tests/test_mibeacon_edges.py",  # frame control, MAC, capability, refusals
             "tests/test_ruuvi_edges.py",  # the specification's vectors, units, refusals
+            "tests/test_pvvx_edges.py",  # both custom formats byte by byte, refusals
             "tests/test_ble_state.py",
             "tests/test_serial.py",
         ),
