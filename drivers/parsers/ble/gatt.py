@@ -70,7 +70,7 @@ def parse_value(data: bytes, specs: Iterable[FieldSpec]) -> list[Sample]:
                 value = data[spec.start :].decode("utf-8").rstrip("\x00")
             except UnicodeDecodeError as exc:
                 raise AdvertError(
-                    "invalid_value", f"{spec.quantity}: not UTF-8", exc.start
+                    "invalid_value", f"{spec.quantity}: not UTF-8", spec.start + exc.start
                 ) from None
         elif spec.type == "hex":
             value = data[spec.start :].hex()
