@@ -137,6 +137,7 @@ SCOPES: dict[str, Scope] = {
             "tests/test_ruuvi_edges.py",  # the specification's vectors, units, refusals
             "tests/test_pvvx_edges.py",  # both custom formats byte by byte, refusals
             "tests/test_gatt_values.py",  # every GATT field type, scale, text, refusals
+            "tests/test_line_parser_errors.py",  # key=value and JSON lines: reason, column
             "tests/test_ble_state.py",
             "tests/test_serial.py",
         ),
