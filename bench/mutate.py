@@ -142,6 +142,7 @@ SCOPES: dict[str, Scope] = {
             "tests/test_reading_wire.py",  # a reading's payload byte for byte, read back
             "tests/test_ble_counter_file.py",  # the replay counters' file, its bounds
             "tests/test_ble_tracker_edges.py",  # repeats, packet window, retry, replay words
+            "tests/test_ble_policy_edges.py",  # interval and heartbeat edges, counts, away
             "tests/test_ble_state.py",
             "tests/test_serial.py",
         ),
