@@ -144,6 +144,7 @@ SCOPES: dict[str, Scope] = {
             "tests/test_ble_tracker_edges.py",  # repeats, packet window, retry, replay words
             "tests/test_ble_policy_edges.py",  # interval and heartbeat edges, counts, away
             "tests/test_ble_watchdog_counts.py",  # every step counted, reasons, backoff reset
+            "tests/test_line_framer_edges.py",  # line ends at chunk edges, max_line, reset
             "tests/test_ble_state.py",
             "tests/test_serial.py",
         ),
