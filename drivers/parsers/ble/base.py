@@ -153,4 +153,3 @@ def company_pattern(company_id: int) -> tuple[int, int, bytes]:
 def precision(factor: float) -> int:
     """Decimal places of a scale factor as written in a spec (0.01 -> 2, 0.35 -> 1)."""
     return -int(f"{factor:e}".split("e")[-1])
-
