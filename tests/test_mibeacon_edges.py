@@ -147,3 +147,53 @@ def test_encode_writes_its_flags_and_version() -> None:
     assert mibeacon.encode(0x055B, FRAME, []) == frame(0x40)
     assert mibeacon.encode(0x055B, FRAME, [], version=3) == frame(0x40, 3)
     assert mibeacon.encode(0x055B, FRAME, [], capability=0x08) == frame(0x60, rest=b"\x08")
+
+
+def obj(kind: int, value: bytes) -> bytes:
+    return kind.to_bytes(2, "little") + bytes([len(value)]) + value
+
+
+def test_each_object_with_its_unit_and_what_cannot_be_read_said_where() -> None:
+    def decoded(
+        objects: bytes, product: bytes = PRODUCT
+    ) -> tuple[list[tuple[str, object, str]], object]:
+        data = bytes([0x40, 0x50]) + product + bytes([FRAME]) + objects
+        d = mibeacon.decode(data, ctx())
+        p = d.problem
+        return [(s.field, s.value, s.unit) for s in d.samples], (
+            None if p is None else (p.reason, p.detail, p.offset)
+        )
+
+    both = obj(0x100D, (215).to_bytes(2, "little", signed=True) + (455).to_bytes(2, "little"))
+    assert decoded(both + obj(0x100A, b"\x5a")) == (
+        [("temperature", 21.5, "°C"), ("humidity", 45.5, "%"), ("battery", 90, "%")],
+        None,
+    )
+    # humidity in tenths, or whole percent for the two products that send it so
+    assert decoded(obj(0x1006, (455).to_bytes(2, "little")), b"\x00\x01")[0] == [
+        ("humidity", 45.5, "%")
+    ]
+    assert decoded(obj(0x1006, (455).to_bytes(2, "little")), PRODUCT)[0] == [("humidity", 45, "%")]
+    # an unknown object is said, and the objects after it are still read
+    assert decoded(obj(0x7777, b"\x01") + obj(0x100A, b"\x5a")) == (
+        [("battery", 90, "%")],
+        ("unknown_object", "unknown MiBeacon object 0x7777", 5),
+    )
+    assert decoded(obj(0x1004, b"\x01")) == (
+        [],
+        ("malformed", "object 0x1004 has 1 bytes, not 2", 5),
+    )
+    assert decoded(obj(0x100A, b"\x5a") + b"\x04\x10\x05\x01") == (
+        [("battery", 90, "%")],
+        ("short", "object 0x1004 needs 5 bytes, 1 left", 9),
+    )
+    # an object of any length with none: said, not read from the next object's bytes
+    assert decoded(obj(0x100A, b"") + obj(0x1004, b"\x01\x00")) == (
+        [("temperature", 0.1, "°C")],
+        ("malformed", "object 0x100a has no value", 5),
+    )
+    assert decoded(obj(0x4803, b""))[1] == ("malformed", "object 0x4803 has no value", 5)
+    assert decoded(obj(0x100A, b"\x5a") + b"\x04\x10") == (
+        [("battery", 90, "%")],
+        ("short", "2 stray bytes after the objects", 9),
+    )

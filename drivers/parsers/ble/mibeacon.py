@@ -124,6 +124,8 @@ def objects(payload: bytes, pos: int, product: int) -> Decoded:
                 problem = AdvertError(
                     "malformed", f"object 0x{kind:04x} has {size} bytes, not {want}", pos
                 )
+            elif not size:  # (a reader of any length reads its first byte)
+                problem = AdvertError("malformed", f"object 0x{kind:04x} has no value", pos)
             else:
                 read(payload, start, product, out)
         pos = end
