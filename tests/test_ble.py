@@ -10,6 +10,7 @@ import re
 import struct
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -124,13 +125,17 @@ def start(gateways: list[Gateway], tmp_path: Path, config: str, **kw: Any) -> Ga
 def keep_advertising(
     bluez: FakeBlueZ, gw: Gateway, path: str, payload: bytes, device: str, value: float
 ) -> None:
-    """A device in range advertises again and again: until the gateway reports it."""
+    """A device in range advertises again and again (every 50 ms, as a real one
+    would at most): until the gateway reports it, 20 s at most on a loaded machine."""
+    sent = [float("-inf")]
 
     def arrived() -> bool:
-        bluez.advertise(path, svc={BTHOME: payload})
+        if time.monotonic() - sent[0] >= 0.05:
+            bluez.advertise(path, svc={BTHOME: payload})
+            sent[0] = time.monotonic()
         return value in gw.values(device, "temperature")
 
-    wait_for(arrived, 10, f"{device} = {value} after the scanner is back")
+    wait_for(arrived, 20, f"{device} = {value} after the scanner is back")
 
 
 def bthome_temp(packet: int, centi: int) -> bytes:

@@ -174,6 +174,8 @@ class BleSensors:
         self._draining = False
         self._tasks: list[asyncio.Task[None]] = []
         self._action: asyncio.Task[None] | None = None
+        #: A return of BlueZ or the adapter heard during a repair: acted on after it.
+        self._again: Action | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._published_state = ""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -623,7 +625,7 @@ class BleSensors:
         if action is not None:
             self._act(action)
 
-    def _act(self, action: Action) -> None:
+    def _act(self, action: Action, *, again: bool = False) -> None:
         if action is Action.REPORT_FAILED:
             log.error(
                 "ble %s: adapter failed: %s; retrying with backoff up to %g s",
@@ -634,9 +636,20 @@ class BleSensors:
             self._adapter_changed()
             return
         if self._action is not None and not self._action.done():
-            return  # one repair at a time
+            # One repair at a time. A return of BlueZ or the adapter during one is
+            # kept and acted on when it ends: the repair may have looked for the
+            # adapter a moment before it came (it would then wait out the backoff).
+            if again:
+                self._again = action
+            return
         assert self._loop is not None
         self._action = self._loop.create_task(self._scanner_action(action))
+        self._action.add_done_callback(self._act_again)
+
+    def _act_again(self, task: asyncio.Task[None]) -> None:
+        action, self._again = self._again, None
+        if action is not None and not task.cancelled():
+            self._act(action)
 
     async def _scanner_action(self, action: Action) -> None:
         adapter = self.settings.adapter
@@ -688,7 +701,7 @@ class BleSensors:
         now = self.clock()
         if present:
             log.warning("ble: %s is back: restarting the scanner", label)
-            self._act(self.watchdog.back(now))
+            self._act(self.watchdog.back(now), again=True)
         else:
             log.error("ble: %s is gone; the adapter is failed until it is back", label)
             self.watchdog.lost(now, what)
