@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from drivers.parsers.ble.base import AdvertError
 from drivers.parsers.ble.gatt import TYPES, parse_value
+from tests.support.adverts import refusal
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,4 @@ def test_floats_text_scale_and_offset() -> None:
 def test_each_refusal_names_its_reason_text_and_byte(
     value: bytes, field: Field, expected: tuple[str, str, int]
 ) -> None:
-    with pytest.raises(AdvertError) as caught:
-        parse_value(value, [field])
-    e = caught.value
-    assert (e.reason, e.detail, e.offset) == expected  # (the offset: in the whole value)
+    assert refusal(lambda: parse_value(value, [field])) == expected  # offset: in the value

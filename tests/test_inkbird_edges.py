@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from drivers.parsers.ble import inkbird
-from drivers.parsers.ble.base import AdvertError, Context
+from drivers.parsers.ble.base import Context
+from tests.support.adverts import refusal
 
 ADDRESS = "49:42:07:00:00:01"
 
@@ -67,11 +68,7 @@ def test_an_ibs_p01b_sends_no_humidity_and_an_ibs_th_sends_zero() -> None:
 def test_each_refusal_names_its_reason_text_and_byte(
     data: bytes, name: str, expected: tuple[str, str, int]
 ) -> None:
-    with pytest.raises(AdvertError) as caught:
-        inkbird.decode(data, ctx(name, 2000))
-    e = caught.value
-    assert (e.reason, e.detail, e.offset) == expected
-    assert str(e) == f"{expected[1]} (byte {expected[2]})"
+    assert refusal(lambda: inkbird.decode(data, ctx(name, 2000))) == expected
 
 
 def probes(*values: int) -> bytes:

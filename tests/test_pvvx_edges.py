@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from drivers.parsers.ble import pvvx
-from drivers.parsers.ble.base import AdvertError, Context, mac_bytes
+from drivers.parsers.ble.base import Context, mac_bytes
+from tests.support.adverts import refusal
 
 ADDRESS = "A4:C1:38:12:34:56"
 CTX = Context(ADDRESS)
@@ -70,11 +71,7 @@ def test_an_atc1441_advert() -> None:
 def test_each_refusal_names_its_reason_text_and_byte(
     decode: object, length: int, expected: tuple[str, str, int]
 ) -> None:
-    with pytest.raises(AdvertError) as caught:
-        decode(bytes(length), CTX)  # type: ignore[operator]
-    e = caught.value
-    assert (e.reason, e.detail, e.offset) == expected
-    assert str(e) == f"{expected[1]} (byte {expected[2]})"
+    assert refusal(lambda: decode(bytes(length), CTX)) == expected  # type: ignore[operator]
 
 
 def test_each_format_claims_its_own_length_only() -> None:

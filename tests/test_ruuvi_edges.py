@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from drivers.parsers.ble import ruuvi
-from drivers.parsers.ble.base import AdvertError, Context
+from drivers.parsers.ble.base import Context
+from tests.support.adverts import refusal
 
 ADDRESS = "CB:B8:33:4C:88:4F"
 G = 9.80665 / 1000  # m/s² per mG
@@ -93,10 +94,6 @@ def test_longer_data_is_read_up_to_its_24_bytes() -> None:
 def test_each_refusal_names_its_reason_text_and_byte(
     hex_data: str, expected: tuple[str, str, int]
 ) -> None:
-    with pytest.raises(AdvertError) as caught:
-        ruuvi.decode(bytes.fromhex(hex_data), Context(ADDRESS))
-    e = caught.value
-    assert (e.reason, e.detail, e.offset) == expected
-    assert str(e) == f"{expected[1]} (byte {expected[2]})"
+    assert refusal(lambda: ruuvi.decode(bytes.fromhex(hex_data), Context(ADDRESS))) == expected
     data = bytes.fromhex(hex_data)
     assert not ruuvi.accepts(data, Context(ADDRESS))
