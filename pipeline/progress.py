@@ -53,6 +53,7 @@ class Progress:
         self.tty = self.out.isatty()
         self.interval = interval if interval is not None else (0.5 if self.tty else 5.0)
         self.group = f"ledge-{phase}-{next(_groups)}"
+        #: Set when the phase ends, if the progress is shown.
         self.summary: Summary | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -78,9 +79,12 @@ class Progress:
             self._thread.join()
         self.sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
         self.sc.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
-        self.summary = self._summarise()
-        if self.enabled and exc is None:
-            self._print(str(self.summary), final=True)
+        if self.enabled:
+            # Only when shown: it asks the status tracker about every stage, a few
+            # hundred calls into the JVM per run, a tenth of a small run's time.
+            self.summary = self._summarise()
+            if exc is None:
+                self._print(str(self.summary), final=True)
 
     def _summarise(self) -> Summary:
         tracker = self.sc.statusTracker()

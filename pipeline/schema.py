@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Final
 
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from drivers.model import FIELDS, Reading
@@ -33,8 +32,14 @@ def struct(columns: dict[str, str]) -> T.StructType:
 
 
 def conform(frame: DataFrame, schema: T.StructType) -> DataFrame:
-    """``frame``'s columns named in ``schema``, in its order and with its types."""
-    return frame.select(*[F.col(f.name).cast(f.dataType) for f in schema.fields])
+    """``frame``'s columns named in ``schema``, in its order and with its types.
+
+    Written as SQL text: the whole projection is one call into the JVM, where a column
+    object per field costs several (a cast to a type object, a dozen: a seventh of a
+    small run's calls)."""
+    return frame.selectExpr(
+        *[f"CAST(`{f.name}` AS {f.dataType.simpleString()}) AS `{f.name}`" for f in schema.fields]
+    )
 
 
 #: Silver columns every stored message carries besides its own (the bridge's marks...).

@@ -79,9 +79,11 @@ class Storage:
         jvm: Any = spark.sparkContext._jvm
         self._jvm = jvm
         self._conf = spark.sparkContext._jsc.hadoopConfiguration()
+        #: Looked up once: each package of a dotted name is a call into the JVM.
+        self._path = jvm.org.apache.hadoop.fs.Path
 
     def _fs(self, path: str) -> tuple[Any, Any]:
-        hpath = self._jvm.org.apache.hadoop.fs.Path(path)
+        hpath = self._path(path)
         return hpath.getFileSystem(self._conf), hpath
 
     def exists(self, path: str) -> bool:
@@ -135,7 +137,7 @@ class Storage:
     def write_json(self, path: str, value: dict[str, Any]) -> None:
         """Write to a temporary name, then rename over ``path`` (no torn state file)."""
         fs, hpath = self._fs(path)
-        tmp = self._jvm.org.apache.hadoop.fs.Path(path + ".tmp")
+        tmp = self._path(path + ".tmp")
         stream = fs.create(tmp, True)
         try:
             stream.write(json.dumps(value, indent=2, sort_keys=True).encode() + b"\n")
