@@ -130,6 +130,7 @@ SCOPES: dict[str, Scope] = {
         ("drivers/*",),
         (
             "tests/test_drivers.py",
+            "tests/test_homeassistant.py",  # discovery rendered by Jinja2 against the state
             "tests/test_ble_decoders.py",
             "tests/test_bthome_edges.py",  # refusals, offsets, MAC, every kind of object
             "tests/test_inkbird_edges.py",  # refusals, bounds, probes, what it claims
