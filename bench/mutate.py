@@ -148,6 +148,7 @@ SCOPES: dict[str, Scope] = {
             "tests/test_line_framer_edges.py",  # line ends at chunk edges, max_line, reset
             "tests/test_ble_state.py",
             "tests/test_ble_scanner.py",  # the scanner in process: real bleak, mock BlueZ
+            "tests/test_ble_scan_command.py",  # ledge ble scan in process, output whole
             "tests/test_serial.py",
         ),
     ),
