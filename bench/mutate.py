@@ -149,6 +149,7 @@ SCOPES: dict[str, Scope] = {
             "tests/test_ble_state.py",
             "tests/test_ble_scanner.py",  # the scanner in process: real bleak, mock BlueZ
             "tests/test_ble_scan_command.py",  # ledge ble scan in process, output whole
+            "tests/test_ble_gatt_sessions.py",  # GATT sessions in process: real bleak, mock
             "tests/test_serial.py",
         ),
     ),
