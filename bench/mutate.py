@@ -125,6 +125,7 @@ SCOPES: dict[str, Scope] = {
             "tests/test_metrics_collect.py",
             "tests/test_status_page.py",
             "tests/test_metrics_reference.py",  # each family as the reference says
+            "tests/test_metrics_edges.py",  # routes, durations, warning thresholds, caps
         ),
     ),
     "drivers": Scope(
