@@ -1,120 +1,54 @@
-"""The gateway as a Home Assistant device: retained discovery for its health and each
-bridge, one retained JSON state that every template reads, availability from the
-gateway's status topic -- against ``ledge run`` with a bridge to Debian's Mosquitto."""
+"""The gateway as a Home Assistant device, in process: what ``HomeAssistantGateway``
+puts on the broker when it starts (retained discovery, then its state) and again every
+interval, read back as a subscriber would get it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-import re
-from pathlib import Path
-from typing import Any
+from dataclasses import replace
 
-import pytest
-
-from tests.support.clients import Paho
-from tests.support.procs import LedgeProcess, MosquittoProcess
-from tests.support.prometheus import cloud_bridge
-from tests.support.wait import wait_for
-
-pytestmark = pytest.mark.skipif(not MosquittoProcess.available(), reason="Debian's mosquitto")
+from drivers.homeassistant import gateway_sensor_configs
+from gateway.metrics.collect import TICK, HomeAssistantGateway
+from gateway.metrics.view import gateway_state
+from tests.test_metrics_collect import busy_world
 
 
-class Json:
-    """``value_json`` as Home Assistant's templates see it: attributes and items."""
+def test_it_announces_itself_retained_and_publishes_its_state_every_interval() -> None:
+    w, (_old, pub) = busy_world()
+    for burst in range(10):  # ten intervals of 5 s, each with its own message rate
+        w.collector.tick()
+        w.h.now += TICK
+        for _ in range(burst * 5):
+            pub.publish("a/b", b"x")
+    w.collector.tick()
+    settings = replace(w.hub.settings, discovery_prefix="ha")
+    ha = HomeAssistantGateway(w.collector, settings, ("cloud", "backup"), True, 30.0)
+    assert (ha.status_topic, ha.state_topic) == ("ledge/gw1/status", "ledge/gw1/metrics")
 
-    def __init__(self, value: Any) -> None:
-        self.value = value
+    async def story() -> list[float]:
+        loop = asyncio.get_running_loop()
+        ha.start(loop)
+        assert ha._timer is not None
+        due = [ha._timer.when() - loop.time()]
+        ha._timer._run()  # the interval has passed: published again, timer set again
+        due.append(ha._timer.when() - loop.time())
+        ha.stop()
+        assert ha._timer is None
+        return due
 
-    def __getattr__(self, name: str) -> Any:
-        return wrap(self.value[name])
-
-    def __getitem__(self, name: str) -> Any:
-        return wrap(self.value[name])
-
-
-def wrap(value: Any) -> Any:
-    return Json(value) if isinstance(value, dict) else value
-
-
-def render(template: str, state: dict[str, Any]) -> str:
-    """Evaluate the templates Ledge writes ({{ expression }}, where the expression is
-    a Jinja subset that reads the same in Python: attribute and item access, 'a' if
-    c else 'b'). Anything else fails the test."""
-    m = re.fullmatch(r"\{\{ (.+) \}\}", template)
-    assert m, template
-    assert re.fullmatch(r"[\w .'\"\[\]]+", m.group(1)), template
-    return str(eval(m.group(1), {"__builtins__": {}}, {"value_json": Json(state)}))
-
-
-def test_the_gateway_is_a_home_assistant_device(tmp_path: Path) -> None:
-    cloud = MosquittoProcess(tmp_path).start()
-    config = tmp_path / "ledge.toml"
-    config.write_text(
-        f"""
-data_dir = "{tmp_path / "data"}"
-[gateway]
-id = "gw1"
-health_interval = 1
-[homeassistant]
-enabled = true
-{cloud_bridge(cloud.port, "up/#")}"""
+    due = asyncio.run(story())
+    assert all(29.0 < d <= 30.0 for d in due), due
+    messages = w.broker.retained.matching("ha/#", w.h.now)
+    assert {m.qos for m in messages} == {1}
+    announced = {m.topic: m.payload for m in messages}
+    expected = gateway_sensor_configs(
+        "ha", "gw1", "ledge/gw1/status", "ledge/gw1/metrics", ("cloud", "backup"), True
     )
-    proc = LedgeProcess(config=config).start()
-    ha = Paho(proc.port, "homeassistant").connect()
-    try:
-        ha.subscribe("homeassistant/#")
-        ha.subscribe("ledge/gw1/metrics")
-        ha.subscribe("ledge/gw1/status")
-
-        def latest(topic: str) -> bytes | None:
-            found = [m.payload for m in list(ha.messages) if m.topic == topic]
-            return found[-1] if found else None
-
-        def state() -> dict[str, Any]:
-            payload = latest("ledge/gw1/metrics")
-            return json.loads(payload) if payload else {}
-
-        wait_for(lambda: state().get("bridges", {}).get("cloud", {}).get("connected"), 10, "up")
-        configs = {
-            m.topic: json.loads(m.payload)
-            for m in ha.messages
-            if m.topic.startswith("homeassistant/") and m.retain
-        }
-        ours = {
-            t: c for t, c in configs.items() if "/gw1/" in t and not t.endswith("/status/config")
-        }
-        keys = {t.split("/")[3] for t in ours}
-        assert keys == {
-            "clients", "messages_in", "messages_out", "dropped", "rss", "uptime", "free_disk",
-            "bridge_cloud", "bridge_cloud_outbox", "bridge_cloud_oldest",
-        }  # fmt: skip
-        assert "homeassistant/binary_sensor/gw1/bridge_cloud/config" in ours
-        assert len({c["unique_id"] for c in ours.values()}) == len(ours)
-        for body in ours.values():
-            assert body["availability_topic"] == "ledge/gw1/status"
-            assert body["state_topic"] == "ledge/gw1/metrics"
-            assert body["device"]["identifiers"] == ["ledge_gw1"]
-        templates = {t.split("/")[3]: c["value_template"] for t, c in ours.items()}
-
-        # Every template reads a value from the state as published.
-        first = state()
-        values = {k: render(t, first) for k, t in templates.items()}
-        assert values["bridge_cloud"] == "ON"
-        assert float(values["rss"]) > 5 and float(values["free_disk"]) > 1
-        assert int(values["clients"]) == 1  # Home Assistant itself
-
-        # A client connects and the uplink goes down: the next states say so.
-        client = Paho(proc.port, "sensor-box").connect()
-        cloud.stop()
-        wait_for(lambda: render(templates["clients"], state()) == "2", 10, "two clients")
-        wait_for(lambda: render(templates["bridge_cloud"], state()) == "OFF", 10, "bridge off")
-        client.publish("up/x", b"1", qos=1)
-        wait_for(lambda: render(templates["bridge_cloud_outbox"], state()) == "1", 10, "queued")
-        assert latest("ledge/gw1/status") == b"online"
-        client.disconnect()
-    finally:
-        cloud.stop()
-        assert proc.stop() == 0
-    # A clean stop marks the device unavailable (the bridge's will does it upstream).
-    assert latest("ledge/gw1/status") == b"offline"
-    ha.disconnect()
+    assert announced == dict(expected)
+    [state] = w.broker.retained.matching("ledge/gw1/metrics", w.h.now)
+    window = round(30.0 / TICK)  # the rates: averaged over the interval's ticks
+    got = json.loads(state.payload)
+    assert got == gateway_state(w.collector.status(), window)
+    assert got["messages_in"] == 6.5  # the last 6 ticks: 20..45 messages per 5 s, 4..9 per s
+    assert state.qos == 0
