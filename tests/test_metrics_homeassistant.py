@@ -31,7 +31,8 @@ def test_it_announces_itself_retained_and_publishes_its_state_every_interval() -
         ha.start(loop)
         assert ha._timer is not None
         due = [ha._timer.when() - loop.time()]
-        ha._timer._run()  # the interval has passed: published again, timer set again
+        ha._timer.cancel()
+        ha._publish(loop)  # as the timer does when the interval has passed: a new one set
         due.append(ha._timer.when() - loop.time())
         ha.stop()
         assert ha._timer is None
