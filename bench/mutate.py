@@ -128,6 +128,7 @@ SCOPES: dict[str, Scope] = {
             "tests/test_metrics_edges.py",  # routes, durations, warning thresholds, caps
             "tests/test_metrics_homeassistant.py",  # the gateway's discovery and state
             "tests/test_status_text.py",  # ledge status whole, sizes, numbers, page tables
+            "tests/test_metrics_sources.py",  # HTTP and store metrics, each its own count
         ),
     ),
     "drivers": Scope(
