@@ -90,6 +90,21 @@ def test_with_all_devices_no_decoder_recognises_are_listed_with_their_raw_data(
     )  # fmt: skip
 
 
+#: The encrypted device's name: its name as heard, made a key, and its address's end.
+SEALED_NAME = "sbht_003c__living_room_000d"
+
+
+def sealed_table(*key_lines: str) -> list[str]:
+    """The encrypted device's ``[[ble]]`` table, ending with what is said of its key."""
+    return [
+        "[[ble]]",
+        f'name = "{SEALED_NAME}"',
+        'address = "A4:C1:38:00:00:0D"',
+        'format = "bthome"',
+        *key_lines,
+    ]
+
+
 def block(out: str, name: str) -> list[str]:
     """The lines of one device's ``[[ble]]`` table (its comment line first)."""
     tables = out.split("\n\n")
@@ -112,13 +127,9 @@ def test_toml_gives_each_recognised_device_a_table_by_address_or_beacon_identity
         'address = "A4:C1:38:00:00:0A"',
         'format = "bthome"',
     ]
-    assert block(out, "sbht_003c__living_room_000d")[1:] == [
-        "[[ble]]",
-        'name = "sbht_003c__living_room_000d"',
-        'address = "A4:C1:38:00:00:0D"',
-        'format = "bthome"',
-        'bindkey = "..."  # the device encrypts: its 32-digit key',
-    ]
+    assert block(out, SEALED_NAME)[1:] == sealed_table(
+        'bindkey = "..."  # the device encrypts: its 32-digit key'
+    )
     assert block(out, "ibeacon_0001") == [
         "# measured_power=-59 beacon=fda50693-a4e2-4fb1-afcf-c6eb07647825/1/2",
         "[[ble]]",
@@ -140,13 +151,9 @@ def test_toml_with_the_devices_bindkey_decrypts_while_scanning_and_prints_the_ke
     nearby(bluez)
     code, out, _ = output(capsys, "--toml", "--bindkey", f"{SEALED.lower()}={KEY.upper()}")
     assert code == 0
-    assert block(out, "sbht_003c__living_room_000d") == [
+    assert block(out, SEALED_NAME) == [
         "# temperature=12.34°C",
-        "[[ble]]",
-        'name = "sbht_003c__living_room_000d"',
-        'address = "A4:C1:38:00:00:0D"',
-        'format = "bthome"',
-        f'bindkey = "{KEY}"',
+        *sealed_table(f'bindkey = "{KEY}"'),
     ]
     assert block(out, "atc_00000a_000a")[-1] == 'format = "bthome"'  # keys are per device
 
@@ -157,14 +164,12 @@ def test_toml_with_a_key_that_does_not_decrypt_says_so_beside_it(
     nearby(bluez)
     code, out, _ = output(capsys, "--toml", "--bindkey", f"{SEALED}={OTHER_KEY}")
     assert code == 0
-    assert block(out, "sbht_003c__living_room_000d") == [
+    assert block(out, SEALED_NAME) == [
         "# (wrong_key: BTHome advert does not decrypt with the bindkey (byte 0))",
-        "[[ble]]",
-        'name = "sbht_003c__living_room_000d"',
-        'address = "A4:C1:38:00:00:0D"',
-        'format = "bthome"',
-        "# the key given with --bindkey does not decrypt these adverts",
-        f'bindkey = "{OTHER_KEY}"',
+        *sealed_table(
+            "# the key given with --bindkey does not decrypt these adverts",
+            f'bindkey = "{OTHER_KEY}"',
+        ),
     ]
 
 
