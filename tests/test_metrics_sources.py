@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from types import SimpleNamespace
 
-from gateway.metrics.collect import HTTPSource, StoreSource
+from gateway.metrics.collect import HTTPSource, ProcessSource, StoreSource
 from gateway.metrics.view import Values
 from gateway.net.http import HTTPStats
 
@@ -71,3 +71,28 @@ def test_a_data_dir_that_is_gone_has_no_free_bytes(tmp_path: Path) -> None:
     )  # fmt: skip
     v = Values(StoreSource(store, SimpleNamespace(store_full=False)).samples())  # type: ignore[arg-type]
     assert (v.get("ledge_store_size_bytes"), v.get("ledge_data_dir_free_bytes")) == (0, 0)
+
+
+def test_the_process_metrics_are_what_linux_says_of_this_process() -> None:
+    """Read beside /proc/self and the kernel's own accounting, in the names every
+    Prometheus client library uses."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft - 1, hard))  # the soft limit is it
+    try:
+        before = os.times()
+        v = Values(ProcessSource(1_700_000_123.4567).samples())
+        after = os.times()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert v.get("process_start_time_seconds") == 1_700_000_123.457
+    cpu = v.get("process_cpu_seconds_total")
+    assert before.user + before.system - 0.01 <= cpu <= after.user + after.system + 0.01
+    page = os.sysconf("SC_PAGE_SIZE")
+    size, resident = (int(x) * page for x in Path("/proc/self/statm").read_text().split()[:2])
+    assert abs(v.get("process_resident_memory_bytes") - resident) < 16 * 1024 * 1024
+    assert abs(v.get("process_virtual_memory_bytes") - size) < 64 * 1024 * 1024
+    assert v.get("process_virtual_memory_bytes") > v.get("process_resident_memory_bytes") > 0
+    assert abs(v.get("process_open_fds") - len(os.listdir("/proc/self/fd"))) <= 1
+    assert v.get("process_max_fds") == soft - 1
