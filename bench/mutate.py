@@ -288,8 +288,8 @@ procs.MosquittoProcess.start = _skip  # type: ignore[assignment,method-assign]
 
 #: What the judging tests read from the repository's root (the example config, the
 #: MQTT-SN vectors shared with the firmware, the fuzz and bench packages some import,
-#: the metrics reference the served families are held to).
-DATA = ("ledge.example.toml", "firmware-bridge", "fuzz", "bench", "docs/reference/metrics.md")
+#: the docs (the metrics reference the served families are held to)).
+DATA = ("ledge.example.toml", "firmware-bridge", "fuzz", "bench", "docs")
 
 
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "node_modules")
@@ -309,7 +309,6 @@ def _copy(scope_name: str, scope: Scope) -> Path:
             shutil.rmtree(where / name, ignore_errors=True)
             shutil.copytree(REPO / name, where / name, ignore=_IGNORE)
         else:
-            (where / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, where / name)
     pyproject = (REPO / "pyproject.toml").read_text()
     tests = ", ".join(f'"{path}"' for path in scope.tests)
