@@ -3,6 +3,8 @@ with something in every section; and the units its numbers are written in."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from gateway.metrics import page
@@ -186,3 +188,42 @@ def test_the_page_says_the_same_in_its_tables() -> None:
     assert '<td class="state ok">connected</td><td class="since"></td><td>spare:1883' in html
     assert '<td class="ok">connected</td><td>4 s ago</td>' in html
     assert '<td class="bad">away</td><td>never</td>' in html
+
+
+def test_the_pages_cards_show_each_figure_under_its_label() -> None:
+    cards = re.findall(
+        r'<div class="card"><b>(.*?)</b><span>(.*?)</span></div>', page.render(doc())
+    )
+    shown = {label: re.sub(r"<svg.*</svg>", "", value) for value, label in cards}
+    assert shown == {
+        "clients": "1,203", "messages in/s": "10", "messages out/s": "20",
+        "subscriptions": "4,321", "retained": "17", "memory": "31.5 MiB",
+        "store": "3.5 KiB", "free disk": "5.0 GiB",
+    }  # fmt: skip
+    lines = {label: re.findall(r'points="([^"]*)"', value) for value, label in cards}
+    assert lines["messages in/s"] == ["0.0,1.0 50.0,19.0 100.0,17.0"]  # 100, 10, 20 per s
+    assert lines["messages out/s"] == ["0.0,19.0 50.0,10.1 100.0,1.0"]  # 0, 20, 40.5 per s
+    assert lines["clients"] == []
+
+
+@pytest.mark.parametrize(
+    ("history", "points"),
+    [
+        ([], None),
+        ([5.0], None),  # one point is no line
+        ([1.0, 2.0], "0.0,19.0 100.0,1.0"),
+        ([3.0, 3.0, 3.0], "0.0,19.0 50.0,19.0 100.0,19.0"),  # flat: along the bottom
+        ([-4.0, 0.0, -2.0, 4.0], "0.0,19.0 33.3,10.0 66.7,14.5 100.0,1.0"),
+    ],
+)
+def test_a_sparkline_spans_its_box_from_the_lowest_to_the_highest_value(
+    history: list[float], points: str | None
+) -> None:
+    svg = page.spark(history)
+    if points is None:
+        assert svg == ""
+        return
+    assert svg == (
+        '<svg class="spark" viewBox="0 0 100 20" preserveAspectRatio="none" aria-hidden="true">'
+        f'<polyline points="{points}"/></svg>'
+    )
