@@ -110,42 +110,45 @@ def doc() -> dict[str, object]:
     return status_document(snap)
 
 
+#: What ``ledge status`` prints for ``doc()``, line by line.
+TERMINAL = [
+    "gateway edge-7 (ledge 1.4.2), up 1 d 2 h",
+    "  clients        1,203 connected (peak 1,500), 1,250 sessions, 2 slow",
+    "  messages       10/s in, 20/s out (1,234,567 in, 2,345,678 out since start)",
+    "  subscriptions  4,321, retained messages 17",
+    "  memory         31.5 MiB",
+    "  store          3.5 KiB, 5.0 GiB free (FULL)",
+    "listeners",
+    "  lan            tcp           0.0.0.0:1883           clients: 3 on 3.1.1, 1200 on 5.0",
+    "  web            websocket     0.0.0.0:8080           no clients",
+    "bridges",
+    "  cloud          disconnected  mqtt.example.com:8883  outbox 1,234 (2.0 MiB), "
+    "oldest 1 h 2 min, sent 99, acknowledged 98, dropped 1, "
+    "down since 22:08:18 UTC (5 min 2 s), last error: connection refused (1 min 15 s ago)",
+    "  backup         connected     10.0.0.2:1883          outbox 0 (0 B), oldest 0 s, "
+    "sent 5, acknowledged 5, dropped 0, up since 22:13:20 UTC (2 d 0 h)",
+    "  lab            connecting    lab:1883               outbox 0 (0 B), oldest 0 s, "
+    "sent 0, acknowledged 0, dropped 0, down since 22:13:10 UTC (10 s)",
+    "  spare          connected     spare:1883             outbox 0 (0 B), oldest 0 s, "
+    "sent 0, acknowledged 0, dropped 0",
+    "sensors",
+    "  env            serial   connected     seen 4 s ago      temp 21.5 °C, door true",
+    "  thermo         ble      away          seen never        ",
+    "drops",
+    "  expired                                  5",
+    "warnings",
+    "  ! store full: QoS 1/2 messages for persistent sessions are being refused",
+    "  ! 2 slow consumer(s): QoS 0 messages to them are being dropped",
+    "  ! bridge cloud disconnected (connection refused), down for 5 min 2 s: "
+    "1234 message(s) waiting",
+    "  ! bridge lab connecting, down for 10 s: 0 message(s) waiting",
+    "  ! ble device thermo is away",
+    "  ! adapter hci0 failed",
+]
+
+
 def test_the_terminal_summary_of_a_gateway_with_something_in_every_section() -> None:
-    assert page.render_text(doc()).split("\n") == [
-        "gateway edge-7 (ledge 1.4.2), up 1 d 2 h",
-        "  clients        1,203 connected (peak 1,500), 1,250 sessions, 2 slow",
-        "  messages       10/s in, 20/s out (1,234,567 in, 2,345,678 out since start)",
-        "  subscriptions  4,321, retained messages 17",
-        "  memory         31.5 MiB",
-        "  store          3.5 KiB, 5.0 GiB free (FULL)",
-        "listeners",
-        "  lan            tcp           0.0.0.0:1883           clients: 3 on 3.1.1, 1200 on 5.0",
-        "  web            websocket     0.0.0.0:8080           no clients",
-        "bridges",
-        "  cloud          disconnected  mqtt.example.com:8883  outbox 1,234 (2.0 MiB), "
-        "oldest 1 h 2 min, sent 99, acknowledged 98, dropped 1, "
-        "down since 22:08:18 UTC (5 min 2 s), last error: connection refused (1 min 15 s ago)",
-        "  backup         connected     10.0.0.2:1883          outbox 0 (0 B), oldest 0 s, "
-        "sent 5, acknowledged 5, dropped 0, up since 22:13:20 UTC (2 d 0 h)",
-        "  lab            connecting    lab:1883               outbox 0 (0 B), oldest 0 s, "
-        "sent 0, acknowledged 0, dropped 0, down since 22:13:10 UTC (10 s)",
-        "  spare          connected     spare:1883             outbox 0 (0 B), oldest 0 s, "
-        "sent 0, acknowledged 0, dropped 0",
-        "sensors",
-        "  env            serial   connected     seen 4 s ago      temp 21.5 °C, door true",
-        "  thermo         ble      away          seen never        ",
-        "drops",
-        "  expired                                  5",
-        "warnings",
-        "  ! store full: QoS 1/2 messages for persistent sessions are being refused",
-        "  ! 2 slow consumer(s): QoS 0 messages to them are being dropped",
-        "  ! bridge cloud disconnected (connection refused), down for 5 min 2 s: "
-        "1234 message(s) waiting",
-        "  ! bridge lab connecting, down for 10 s: 0 message(s) waiting",
-        "  ! ble device thermo is away",
-        "  ! adapter hci0 failed",
-        "",
-    ]
+    assert page.render_text(doc()).split("\n") == [*TERMINAL, ""]
 
 
 def test_devices_past_the_cap_are_counted_on_a_line_of_their_own() -> None:
@@ -227,3 +230,24 @@ def test_a_sparkline_spans_its_box_from_the_lowest_to_the_highest_value(
         '<svg class="spark" viewBox="0 0 100 20" preserveAspectRatio="none" aria-hidden="true">'
         f'<polyline points="{points}"/></svg>'
     )
+
+
+def test_the_pages_tables_of_listeners_sensors_and_drops() -> None:
+    html = page.render(doc())
+    assert (
+        '<tr data-listener="lan"><td>lan</td><td>tcp</td><td>0.0.0.0:1883</td>'
+        '<td class="n">3</td><td class="n">1,200</td></tr>'
+        '<tr data-listener="web"><td>web</td><td>websocket</td><td>0.0.0.0:8080</td>'
+        '<td class="n">0</td><td class="n">0</td></tr>'
+    ) in html
+    # a boolean reads as the terminal and the page's script write it
+    assert (
+        '<span class="v" data-quantity="temp">temp <b>21.5</b> °C</span>'
+        '<span class="v" data-quantity="door">door <b>true</b> </span>'
+    ) in html
+    assert (
+        '<h2>Drops</h2><table><tr><th>where and why</th><th class="n">messages</th></tr>'
+        '<tr><td>expired</td><td class="n">5</td></tr></table>'
+    ) in html  # the reasons with none are left out
+    warnings = re.findall(r"<li>(.*?)</li>", html.split('<ul class="warn">')[1].split("</ul>")[0])
+    assert warnings == [line.removeprefix("  ! ") for line in TERMINAL if line.startswith("  ! ")]

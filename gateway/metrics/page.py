@@ -279,9 +279,9 @@ def render_bridges(d: dict[str, Any]) -> str:
 
 
 def _value(value: object) -> str:
-    return (
-        num(value) if isinstance(value, int | float) and not isinstance(value, bool) else esc(value)
-    )
+    """A reading's value as the terminal and the page's script write it: a boolean as
+    ``true``/``false`` (the page said ``True`` until the script redrew it)."""
+    return esc(_plain(value))
 
 
 def render_devices(d: dict[str, Any], budget: int = PAGE_LIMIT) -> str:
