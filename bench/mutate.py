@@ -102,7 +102,13 @@ SCOPES: dict[str, Scope] = {
             "tests/test_security_passwd.py",  # password files (auth.py)
         ),
     ),
-    "bridge": Scope(("gateway/bridge/*",), ("tests/test_bridge_units.py",)),
+    "bridge": Scope(
+        ("gateway/bridge/*",),
+        (
+            "tests/test_bridge_units.py",
+            "tests/test_bridge_link.py",  # the link in process, to a Ledge as the cloud
+        ),
+    ),
     "mqttsn": Scope(
         ("gateway/mqttsn/*",),
         (
