@@ -16,11 +16,13 @@ from typing import Any
 
 import pytest
 
+from drivers.envelope import GATEWAY_PROPERTY, SEQUENCE_PROPERTY
 from gateway.app.config import parse_config
 from gateway.app.root import Gateway
 from gateway.bridge.link import Bridge
 from gateway.broker.local import LocalClient
 from gateway.broker.message import Message
+from gateway.mqtt.properties import Properties
 from tests.support.wait import async_wait_for
 
 CLOUD = '[gateway]\nid = "cloud"\n[[listeners]]\nname = "mqtt"\nhost = "127.0.0.1"\nport = {port}\n'
@@ -128,16 +130,9 @@ def test_the_cloud_sends_commands_down_under_the_local_prefix(protocol: str) -> 
         bridge = bridge_of(gw)
         try:
             await async_wait_for(lambda: bridge.state == "connected", 10, "connected")
+            await subscribed(cloud, "fleet/gw1/commands/#")
             assert cloud.broker is not None
             sessions = cloud.broker.sessions
-            await async_wait_for(
-                lambda: (
-                    "fleet/gw1/commands/#"
-                    in getattr(sessions.get("ledge-gw1-up"), "subscriptions", {})
-                ),
-                10,
-                "the bridge subscribed at the cloud",
-            )
             # to its inbound rule only: what it sends up is not asked back down
             assert list(sessions["ledge-gw1-up"].subscriptions) == ["fleet/gw1/commands/#"]
             publish = publisher(cloud)
@@ -183,3 +178,111 @@ def test_messages_wait_while_the_cloud_is_away_and_go_up_in_order_when_it_is_bac
             await cloud.close()
 
     run(story)
+
+
+def test_a_command_is_stamped_coming_in_and_one_marked_by_this_gateway_is_a_loop() -> None:
+    """A message entering the bridged world is marked with this gateway's id and a
+    sequence number; one that already carries this gateway's mark went round a loop and
+    is dropped, counted."""
+
+    async def story() -> None:
+        cloud = await started(CLOUD.format(port=0))
+        gw = await started(edge(port_of(cloud)))
+        marks: list[tuple[tuple[str, str], ...]] = []
+        assert gw.broker is not None
+        LocalClient(
+            gw.broker, "device", lambda msg, *_: marks.append(msg.properties.user_properties)
+        ).subscribe("cloud/#", 1, 0.0)
+        bridge = bridge_of(gw)
+        try:
+            await async_wait_for(lambda: bridge.state == "connected", 10, "connected")
+            await subscribed(cloud, "fleet/gw1/commands/#")
+            assert cloud.broker is not None
+            sender = LocalClient(cloud.broker, "operator")
+            now = asyncio.get_running_loop().time()
+            looped = Properties().with_(
+                user_properties=((GATEWAY_PROPERTY, "gw1"), (SEQUENCE_PROPERTY, "7"))
+            )
+            sender.publish("fleet/gw1/commands/a", b"1", now, qos=1, properties=looped)
+            sender.publish("fleet/gw1/commands/b", b"2", now, qos=1)
+            await async_wait_for(lambda: marks, 10, "the new command down")
+            await async_wait_for(lambda: bridge.stats.loops == 1, 10, "the loop counted")
+            [(gateway, sequence)] = [
+                (dict(m)[GATEWAY_PROPERTY], dict(m)[SEQUENCE_PROPERTY]) for m in marks
+            ]
+            assert gateway == "gw1" and int(sequence) > 0
+            assert bridge.stats.received == 1
+        finally:
+            await gw.close()
+            await cloud.close()
+
+    run(story)
+
+
+def test_over_mqtt_311_what_the_bridge_sent_coming_back_is_an_echo() -> None:
+    """MQTT 3.1.1 has no No Local: a rule both ways gets back what it sent, which is
+    dropped and counted; the same topic from another client of the cloud comes down."""
+    both = '[[bridges.rules]]\nfilter = "shared/#"\ndirection = "both"\nqos = 1\n'
+
+    async def story() -> None:
+        cloud = await started(CLOUD.format(port=0))
+        gw = await started(edge(port_of(cloud), "3.1.1", both))
+        down = subscriber(gw, "device", "shared/#")
+        bridge = bridge_of(gw)
+        try:
+            await async_wait_for(lambda: bridge.state == "connected", 10, "connected")
+            await subscribed(cloud, "shared/#")
+            publisher(gw)("shared/x", b"from the edge")
+            await async_wait_for(lambda: bridge.stats.echoes == 1, 10, "the echo dropped")
+            assert cloud.broker is not None
+            LocalClient(cloud.broker, "other").publish(
+                "shared/x", b"from the cloud", asyncio.get_running_loop().time(), qos=1
+            )
+            await async_wait_for(lambda: len(down.got) >= 2, 10, "the cloud's message")
+            assert [p for _, p, _, _ in down.got] == [b"from the edge", b"from the cloud"]
+            assert bridge.stats.received == 1
+        finally:
+            await gw.close()
+            await cloud.close()
+
+    run(story)
+
+
+def test_the_window_of_messages_in_flight_is_the_clouds_receive_maximum() -> None:
+    async def story() -> None:
+        cloud = await started(CLOUD.format(port=0) + "[broker]\nreceive_maximum = 3\n")
+        gw = await started(edge(port_of(cloud)))
+        bridge = bridge_of(gw)
+        try:
+            await async_wait_for(lambda: bridge.state == "connected", 10, "connected")
+            assert (bridge.remote_receive_maximum, bridge.window) == (3, 3)
+            up = subscriber(cloud, "watch", "fleet/#")
+            publish = publisher(gw)
+            most = 0
+
+            def inflight() -> bool:
+                nonlocal most
+                most = max(most, bridge.inflight)
+                return len(up.got) >= 50
+
+            for i in range(50):
+                publish("sensors/t", str(i).encode())
+            await async_wait_for(inflight, 15, "fifty messages up")
+            assert 0 < most <= 3
+            assert [p for _, p, _, _ in up.got] == [str(i).encode() for i in range(50)]
+        finally:
+            await gw.close()
+            await cloud.close()
+
+    run(story)
+
+
+async def subscribed(cloud: Gateway, topic_filter: str) -> None:
+    """Until the bridge's subscription is in place at the cloud."""
+    assert cloud.broker is not None
+    sessions = cloud.broker.sessions
+    await async_wait_for(
+        lambda: topic_filter in getattr(sessions.get("ledge-gw1-up"), "subscriptions", {}),
+        10,
+        f"the bridge subscribed to {topic_filter} at the cloud",
+    )
