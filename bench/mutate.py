@@ -135,6 +135,7 @@ SCOPES: dict[str, Scope] = {
             "tests/test_metrics_homeassistant.py",  # the gateway's discovery and state
             "tests/test_status_text.py",  # ledge status whole, sizes, numbers, page tables
             "tests/test_metrics_sources.py",  # HTTP and store metrics, each its own count
+            "tests/test_metrics_gateway.py",  # a whole gateway's status: listeners, bridge
         ),
     ),
     "drivers": Scope(
