@@ -411,3 +411,38 @@ def test_interfaces_added_to_the_adapter_other_than_adapter1_are_not_its_return(
 
     run(story)
     assert told == [True]
+
+
+def test_a_refused_call_to_bluez_says_which_call_what_error_and_why(bluez: FakeBlueZ) -> None:
+    bluez.fail_method(
+        HCI0, "org.freedesktop.DBus.Properties", "Set", "ssv", "", "org.bluez.Error.Busy"
+    )
+    watch = BlueZ("hci0")
+
+    async def story() -> None:
+        try:
+            with pytest.raises(BleakError) as refused:
+                await watch.set_powered(False)
+        finally:
+            watch.close()
+        assert str(refused.value) == "Set: org.bluez.Error.Busy: injected"
+
+    run(story)
+
+
+def test_auto_without_the_adapter_says_it_could_not_ask_about_passive_scanning(
+    bluez: FakeBlueZ,
+) -> None:
+    bluez.remove_adapter()
+    s = scanner()
+
+    async def story() -> None:
+        try:
+            assert await s._choose() == (
+                "active",
+                "cannot ask BlueZ about passive scanning (adapter hci0 not found)",
+            )
+        finally:
+            s.close()
+
+    run(story)
