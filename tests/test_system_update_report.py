@@ -40,6 +40,19 @@ def gateway(tmp_path: Path, record: Path) -> Gateway:
     return Gateway(config)
 
 
+def watch(gw: Gateway) -> list[Retained]:
+    """What a client subscribing to the gateway's topics gets from now on (retained
+    ones first)."""
+    got: list[Retained] = []
+
+    def sink(msg: Message, qos: int, retain: bool, _ids: tuple[int, ...]) -> None:
+        got.append((msg.topic, bytes(msg.payload), qos, retain))
+
+    assert gw.broker is not None
+    LocalClient(gw.broker, "watcher", sink).subscribe("ledge/gw7/#", 1, 0.0)
+    return got
+
+
 def report(tmp_path: Path, text: str | None) -> tuple[str, list[str], list[Retained]]:
     """Start a whole gateway over a record holding ``text`` (None: no file): its
     metrics, its status page's warnings, and what a client subscribing afterwards gets
@@ -52,13 +65,8 @@ def report(tmp_path: Path, text: str | None) -> tuple[str, list[str], list[Retai
         gw = gateway(tmp_path, record)
         await gw.start()
         try:
-            assert gw.metrics is not None and gw.broker is not None
-            got: list[Retained] = []
-
-            def sink(msg: Message, qos: int, retain: bool, _ids: tuple[int, ...]) -> None:
-                got.append((msg.topic, bytes(msg.payload), qos, retain))
-
-            LocalClient(gw.broker, "watcher", sink).subscribe("ledge/gw7/#", 1, 0.0)
+            assert gw.metrics is not None
+            got = watch(gw)
             collector = gw.metrics.collector
             return collector.metrics(), list(collector.status()["warnings"]), got
         finally:
@@ -154,13 +162,8 @@ def test_a_record_written_while_running_is_reported_at_the_next_sighup(tmp_path:
         gw = gateway(tmp_path, record)
         await gw.start()
         try:
-            assert gw.metrics is not None and gw.broker is not None
-            got: list[Retained] = []
-
-            def sink(msg: Message, qos: int, retain: bool, _ids: tuple[int, ...]) -> None:
-                got.append((msg.topic, bytes(msg.payload), qos, retain))
-
-            LocalClient(gw.broker, "watcher", sink).subscribe("ledge/gw7/#", 1, 0.0)
+            assert gw.metrics is not None
+            got = watch(gw)
             before = gw.metrics.collector.metrics()
             record.write_text(COMMITTED)
             gw.reload()
