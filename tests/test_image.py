@@ -235,6 +235,7 @@ def test_the_device_is_set_up_as_an_appliance(device: Device) -> None:
     assert families == {"AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK"}
     assert run("ps -o user= -p $(systemctl show -p MainPID --value ledge)") == "ledge"
     assert run("hostname") == HOSTNAME
+    assert run("ledge --version").startswith("ledge ")  # on root's PATH
     assert "noatime" in run("findmnt -no OPTIONS /").split(",")
     assert run("swapon --noheadings --show") == ""
     assert run("findmnt -no FSTYPE /tmp") == "tmpfs"

@@ -39,6 +39,7 @@ install)
     if grep -q refused "$2"; then
         echo "installing $2: started"
         echo "LastError: signature verification failed: certificate not trusted" >&2
+        echo "Installing $2 failed" >&2
         exit 1
     fi
     echo "  0% Installing"
@@ -138,8 +139,8 @@ def test_a_refused_bundle_is_said_with_rauc_s_reason_and_nothing_reboots(
     assert "systemctl" not in device.read_text()
     err = capsys.readouterr().err
     assert (
-        "ledge update: not installed: LastError: signature verification failed: "
-        "certificate not trusted" in err
+        "ledge update: not installed: signature verification failed: "
+        "certificate not trusted\n" in err
     )
 
 

@@ -161,8 +161,12 @@ def _install(bundle: Path, progress: IO[str]) -> str:
             said.append(line)
             print(f"rauc: {line}", file=progress)
     if proc.returncode != 0:
-        reason = next((s for s in reversed(said) if s.strip()), f"rauc exited {proc.returncode}")
-        raise UpdateError(reason)
+        # RAUC says why on its "LastError:" line; the lines after it only say it failed.
+        errors = [s.split("LastError:", 1)[1].strip() for s in said if "LastError:" in s]
+        lines = [s for s in said if s.strip()]
+        raise UpdateError(
+            errors[-1] if errors else lines[-1] if lines else f"rauc exited {proc.returncode}"
+        )
     slot = subprocess.run(
         ["rauc", "status", "--output-format=shell"], capture_output=True, text=True, check=False
     )

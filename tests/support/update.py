@@ -82,6 +82,8 @@ def small_bundle(directory: Path, key: Path, cert: Path) -> Path:
         check=True,
         capture_output=True,
     )
+    # RAUC wants more than one 4 KiB block of squashfs: some bytes that do not compress.
+    (content / "padding").write_bytes(os.urandom(64 * 1024))
     (content / "manifest.raucm").write_text(
         f"[update]\ncompatible={COMPATIBLE}\nversion=0.0.0\n\n[bundle]\nformat=verity\n\n"
         "[image.rootfs]\nfilename=rootfs.ext4\n"
