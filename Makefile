@@ -10,7 +10,7 @@ BASE ?=
 help:           ## list the targets
 	@grep -E '^[a-z-]+: +## ' Makefile | sed -E 's/: +## /\t/' | expand -t 16
 
-.PHONY: help run test provision-test bench bench-quick bench-serial bench-ble bench-bridge bench-metrics bench-flood bench-mqttsn bench-wear crash-test power-test power-test-image pipeline-bench fuzz mutate docs
+.PHONY: help run test provision-test update-test bench bench-quick bench-serial bench-ble bench-bridge bench-metrics bench-flood bench-mqttsn bench-wear crash-test power-test power-test-image pipeline-bench fuzz mutate docs
 
 run:            ## start the gateway on the embedded default config
 	scripts/run
@@ -26,6 +26,10 @@ docs:           ## the manual: regenerate its reference pages and man pages, the
 provision-test: ## the Ansible role against the image booted in qemu (~20 min; LEDGE_IMAGE=... reuses an image)
 	scripts/setup --test
 	.venv/bin/pytest -m provision tests/test_ansible_vm.py
+
+update-test:    ## system updates of the image booted in qemu: a release kept, a broken system given up by itself, the store intact (~20 min; LEDGE_IMAGE=... reuses an image, its .raucb beside it)
+	scripts/setup --test
+	.venv/bin/pytest -m update tests/test_update.py
 
 bench:          ## Ledge beside Mosquitto, all scenarios (~10 min; BASE=dir adds Ledge from that checkout of another commit to the same rounds)
 	scripts/bench $(if $(BASE),--base $(BASE))

@@ -217,3 +217,8 @@ def test_the_health_probe_waits_for_each_bridge_to_connect(
         assert "bridge cloud is" in down.stderr
     finally:
         gateway.stop()
+
+
+def test_the_system_update_playbook_passes_syntax_check(tmp_path: Path) -> None:
+    done = ansible.run("ansible-playbook", ["--syntax-check", "system-update.yml"], tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from gateway.mqtt import MQTT_311, ConnAck, Connect, encode
-from tests.support import imagebuild
+from tests.support import imagebuild, update
 from tests.support.clients import Paho
 from tests.support.procs import REPO
 from tests.support.raw import Raw
@@ -71,7 +71,7 @@ class Device:
     vm: Vm
     key: Path
     public_key: str
-    root_bytes: int  # the root partition as built
+    data_bytes: int  # the data partition as built
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,7 @@ def device(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Device]:
     card = SdCard.flash(xz, work / "card.img")
     size = card.path.stat().st_size
     os.truncate(card.path, size + CARD_EXTRA_MIB * 1024 * 1024)  # a bigger card
-    root_bytes = card.partitions()[1]["size"]
+    data_bytes = card.partitions()[3]["size"]
     # What a user writes on the boot partition before the first boot: a config, a
     # host name (with a Windows line end), no SSH key yet.
     card.boot.write("ledge.toml", CONFIG)
@@ -90,7 +90,7 @@ def device(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Device]:
     ports = {"mqtt": MQTT_PORT, "default": 1883, "ssh": 22, "probe": PROBE_PORT}
     vm = Vm(card, work, ports)
     with vm:
-        yield Device(card, vm, key, public, root_bytes)
+        yield Device(card, vm, key, public, data_bytes)
 
 
 def banner(port: int, timeout: float = 10.0) -> bytes:
@@ -235,6 +235,7 @@ def test_the_device_is_set_up_as_an_appliance(device: Device) -> None:
     assert families == {"AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK"}
     assert run("ps -o user= -p $(systemctl show -p MainPID --value ledge)") == "ledge"
     assert run("hostname") == HOSTNAME
+    assert run("ledge --version").startswith("ledge ")  # on root's PATH
     assert "noatime" in run("findmnt -no OPTIONS /").split(",")
     assert run("swapon --noheadings --show") == ""
     assert run("findmnt -no FSTYPE /tmp") == "tmpfs"
@@ -248,9 +249,16 @@ def test_the_device_is_set_up_as_an_appliance(device: Device) -> None:
     assert run("systemctl is-active systemd-timesyncd") == "active"
     assert run("stat -c %a /etc/wpa_supplicant/wpa_supplicant-wlan0.conf") == "600"
     assert run("cat /etc/wpa_supplicant/wpa_supplicant-wlan0.conf") == WIFI.strip()
-    # The root filesystem grew to the end of the bigger card.
-    size = int(run("df -B1 --output=size / | tail -1"))
-    assert size > device.root_bytes + (CARD_EXTRA_MIB - 64) * 1024 * 1024
+    # The data partition grew to the end of the bigger card; the store and the journal
+    # are on it, the system runs from slot A.
+    size = int(run("df -B1 --output=size /data | tail -1"))
+    assert size > device.data_bytes + (CARD_EXTRA_MIB - 64) * 1024 * 1024
+    assert run("findmnt -no SOURCE /data") == "/dev/vda4"
+    for path in ("/var/lib/ledge", "/var/log/journal"):
+        assert run(f"findmnt -no SOURCE {path}").startswith("/dev/vda4[/"), path
+    assert run("findmnt -no SOURCE /") == "/dev/vda2"
+    assert run("ledge-boot-slot current") == "A"
+    assert run("ls /data/identity/etc/ssh/ssh_host_ed25519_key.pub")
 
 
 def test_the_hardware_watchdog_is_armed_and_a_panic_restarts(device: Device) -> None:
@@ -400,13 +408,83 @@ def test_after_a_reboot_the_previous_boots_log_is_kept(device: Device) -> None:
     assert len(boots) >= 2
 
 
+# ---------------------------------------------------------------------- a system update
+
+
+def test_a_bundle_signed_by_a_key_the_device_does_not_trust_is_refused(
+    device: Device, tmp_path: Path
+) -> None:
+    vm, key = device.vm, device.key
+    untrusted = update.small_bundle(tmp_path, *update.new_key(tmp_path, "someone-else"))
+    update.push(vm, key, untrusted, "/root/untrusted.raucb")
+    done = update.ledge_update(vm, key, "/root/untrusted.raucb")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "ledge update: not installed: " in done.stderr
+    assert "signature verification failed" in done.stderr
+    assert update.slots(vm, key) == ("A", "A", "A")  # nothing switched
+    assert vm.proc is not None and vm.proc.poll() is None  # not rebooted
+
+
+def test_a_signed_update_is_tried_once_and_kept_when_the_gateway_is_healthy(
+    device: Device,
+) -> None:
+    vm, key = device.vm, device.key
+    host_key_before = vm.ssh(key, "cat /data/identity/etc/ssh/ssh_host_ed25519_key.pub").stdout
+    machine_id = vm.ssh(key, "cat /etc/machine-id").stdout.strip()
+    # A message the gateway acknowledged before the update, kept in its store.
+    before = Paho(vm.port("mqtt"), "before-update").connect()
+    before.publish("plant/update/before", b"kept", qos=1, retain=True)  # waits for PUBACK
+    before.disconnect()
+    bundle = update.bundle_of(imagebuild.wait(BUILD_TIMEOUT))
+    started = time.monotonic()
+    update.push(vm, key, bundle, "/data/ledge-update.raucb")
+    pushed = time.monotonic()
+    done = update.ledge_update(vm, key, "/data/ledge-update.raucb")
+    assert done.returncode in (0, 255), done.stdout + done.stderr  # 255: rebooted under SSH
+    assert "ledge update: installed into slot B; rebooting to try it" in done.stderr
+    installed = time.monotonic()
+    update.reboot_into_trial(vm, "mqtt", key, BOOT_TIMEOUT)
+    assert vm.choices[-1].config == "tryboot.txt"
+    # Kept: the gateway was healthy, so every boot starts slot B from now on.
+    wait_for(
+        lambda: update.slots(vm, key) == ("B", "B", "B"),
+        update.COMMIT_TIMEOUT,
+        "slot B committed",
+    )
+    committed = time.monotonic()
+    last = update.last_update(vm, key)
+    assert (last["outcome"], last["slot"], last["from"]) == ("committed", "B", "A")
+    assert vm.ssh(key, "findmnt -no SOURCE /").stdout.strip() == "/dev/vda3"
+    # The device is still itself, with its store and configuration.
+    assert vm.ssh(key, "hostname").stdout.strip() == HOSTNAME
+    assert vm.ssh(key, "cat /etc/machine-id").stdout.strip() == machine_id
+    assert vm.ssh(key, "cat /data/identity/etc/ssh/ssh_host_ed25519_key.pub").stdout == (
+        host_key_before
+    )
+    after = Paho(vm.port("mqtt"), "after-update").connect()
+    after.subscribe("plant/update/#", qos=1)
+    (message,) = after.wait_messages(1, timeout=30)
+    after.disconnect()
+    assert (message.topic, message.payload) == ("plant/update/before", b"kept")
+    assert message.retain
+    imagebuild.REPORT["update: bundle"] = f"{bundle.stat().st_size / 1048576:.0f} MiB"
+    imagebuild.REPORT["update: copy, install, boot and commit"] = (
+        f"{pushed - started:.0f} s, {installed - pushed:.0f} s, "
+        f"{committed - installed:.0f} s under QEMU"
+    )
+
+
 def test_after_power_off_the_card_tells_the_user(device: Device) -> None:
     device.vm.power_off()
     card = device.card
     error = card.boot.read("ledge-config-error.txt")
     assert error is not None and b"listeners[0].port" in error
-    _, root = card.partitions()
-    assert root["start"] + root["size"] == card.path.stat().st_size  # grown to the end
+    _boot, slot_a, slot_b, data = card.partitions()
+    assert data["start"] + data["size"] == card.path.stat().st_size  # grown to the end
+    assert slot_b["size"] == slot_a["size"]
+    # Every boot but the one after the update started what config.txt says.
+    assert [c.config for c in device.vm.choices].count("tryboot.txt") == 1
+    assert "os_prefix=slot-b/" in (card.boot.read("config.txt") or b"").decode()
 
 
 # ---------------------------------------------------------------------- a card as flashed

@@ -80,14 +80,20 @@ def test_the_worlds_serve_every_family_of_the_reference(tmp_path: Path) -> None:
 
 def gateway_exposition(tmp_path: Path) -> str:
     """A whole gateway in this process: its store under data_dir, a WebSocket listener,
-    the HTTP listener that has answered once (the families only a running server has)."""
+    the HTTP listener that has answered once, a system update given up (the families
+    only a running gateway has)."""
     import asyncio
 
     from gateway.app.config import parse_config
     from gateway.app.root import Gateway
 
+    record = tmp_path / "update-last"
+    record.write_text(
+        "outcome=rolled-back\nslot=B\nfrom=A\nat=2026-12-01T10:00:00Z\nreason=not healthy\n"
+    )
     config = parse_config(
         f'data_dir = "{tmp_path}"\n[gateway]\nid = "gw1"\n'
+        f'system_update_file = "{record}"\n'
         '[[listeners]]\nname = "mqtt"\nhost = "127.0.0.1"\nport = 0\n'
         '[[listeners]]\nname = "ws"\nhost = "127.0.0.1"\nport = 0\ntype = "websocket"\n'
         '[http]\nenabled = true\nhost = "127.0.0.1"\nport = 0\n'

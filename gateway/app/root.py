@@ -40,6 +40,7 @@ from gateway.net.server import ListenerSpec, Server
 
 if TYPE_CHECKING:
     from gateway.app.sdnotify import Notifier
+    from gateway.app.system_update import UpdateRecord
     from gateway.bridge.link import Bridge
     from gateway.bridge.sequence import Sequence
     from gateway.bridge.settings import BridgeSettings
@@ -106,6 +107,8 @@ class Gateway:
         self.addresses: list[tuple[str, int]] = []
         self._stop = asyncio.Event()
         self._reloading: asyncio.Task[None] | None = None
+        #: The last system update's outcome, read at start (None: none recorded).
+        self.system_update: UpdateRecord | None = None
         self.store: Store | None = None
         self._write_failing = False
         self.sensors: SensorHub | None = None
@@ -175,6 +178,7 @@ class Gateway:
         await self._start_mqttsn()
         self._start_bridges()
         self._start_sensors_and_taps(loop)
+        self._report_system_update(loop)
         if (config.http is not None and config.http.enabled) or config.sensors.homeassistant:
             self.metrics = await self._start_metrics(config)
         self._schedule_health(loop)
@@ -203,6 +207,7 @@ class Gateway:
             sensors=self.sensors,
             taps=self.taps,
             mqttsn=self.mqttsn.gateway if self.mqttsn is not None else None,
+            system_update=lambda: self.system_update,
         )
 
     # ------------------------------------------------------------------ sensors, taps
@@ -307,6 +312,32 @@ class Gateway:
             sequence=self._sequence,
             store=self.store,
             wall=self.wall,
+        )
+
+    # ------------------------------------------------------------------ system update
+
+    def _report_system_update(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The last system update's outcome (the SD-card image's record), at start and
+        when it changed by a SIGHUP: in the log and retained on
+        <prefix>/<gateway>/system-update (the metrics read ``self.system_update``)."""
+        from gateway.app.system_update import read_record
+
+        record = read_record(self.config.gateway.system_update_file)
+        if record is None or record == self.system_update:
+            return
+        self.system_update = record
+        assert self.broker is not None
+        if record.outcome == "committed":
+            log.info("%s", record.summary())
+        else:
+            log.warning("%s", record.summary())
+        sensors = self.config.sensors
+        self.broker.publish_local(
+            f"{sensors.prefix}/{sensors.gateway}/system-update",
+            record.payload(),
+            loop.time(),
+            qos=1,
+            retain=True,
         )
 
     # ------------------------------------------------------------------ health
@@ -539,10 +570,13 @@ class Gateway:
     # ------------------------------------------------------------------ reload
 
     def reload(self) -> None:
-        """SIGHUP: re-read the config file and apply what can change while running."""
+        """SIGHUP: re-read the config file and apply what can change while running (and
+        the system update record: ledge-update-commit reloads the gateway after it
+        writes one)."""
         if self.broker is None:
             log.info("SIGHUP ignored: still starting")
             return
+        self._report_system_update(asyncio.get_running_loop())
         if self.config.config_path is None:
             log.info("SIGHUP ignored: running on the embedded default config")
             return

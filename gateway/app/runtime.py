@@ -118,6 +118,8 @@ class GatewaySettings:
     id: str = option(factory=default_gateway_id)
     #: Seconds between <prefix>/<gateway>/health reports; 0: none.
     health_interval: float = option(60.0, ge=0, le=DAY)
+    #: The SD-card image's record of the last system update (gateway.app.system_update).
+    system_update_file: str = option("/data/update/last")
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 from gateway import __version__
 from gateway.app.config import Config, Overrides, config_changes, load_config, parse_listen
 from gateway.app.runtime import RUNTIME_ENV, ConfigError, build_authenticator, file_warnings
-from gateway.cli import ble, bridge, firewall, health, status
+from gateway.cli import ble, bridge, firewall, health, status, update
 
 EXIT_OK = 0
 EXIT_CONFIG = 2
@@ -86,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     health.add_parser(commands)
     ble.add_parser(commands)
     firewall.add_parser(commands)
+    update.add_parser(commands)
 
     from gateway.cli import passwd
 
@@ -137,6 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ble.main(args)
     if args.command == "firewall":
         return firewall.main(args)
+    if args.command == "update":
+        return update.main(args)
     if args.command == "passwd":
         from gateway.cli import passwd
 

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 
     from drivers.model import Reading
     from gateway.app.runtime import RuntimeConfig
+    from gateway.app.system_update import UpdateRecord
     from gateway.bridge.link import Bridge
     from gateway.broker.core import Broker
     from gateway.mqttsn.gateway import Gateway as SnGateway
@@ -934,6 +935,41 @@ class MqttSnSource:
             )
 
 
+class SystemUpdateSource:
+    """The outcome of the last system update (the SD-card image's record, as the gateway
+    read it last: at start or at a SIGHUP)."""
+
+    def __init__(self, record: Callable[[], UpdateRecord | None]) -> None:
+        self.record = record
+
+    def samples(self) -> Iterator[Sample]:
+        r = self.record()
+        if r is None:
+            return
+        yield gauge(
+            "ledge_system_update_info",
+            "The last system update (always 1): kept (committed) or given up "
+            "(rolled-back), the slot it went to and the one it came from.",
+            1,
+            outcome=r.outcome,
+            slot=r.slot,
+            previous=r.previous,
+        )
+        when = r.timestamp
+        if when is not None:
+            yield gauge(
+                "ledge_system_update_timestamp_seconds",
+                "When the last system update was kept or given up (Unix time).",
+                when,
+            )
+
+    def status(self) -> StatusPart:
+        r = self.record()
+        if r is not None and r.outcome == "rolled-back":
+            return StatusPart(warnings=(r.summary(),))
+        return StatusPart()
+
+
 class TapSource:
     """The taps' plane: its bounded queue and what the handlers did."""
 
@@ -1136,6 +1172,7 @@ async def start_metrics(
     sensors: SensorHub | None = None,
     taps: TapPlane | None = None,
     mqttsn: SnGateway | None = None,
+    system_update: Callable[[], UpdateRecord | None] | None = None,
 ) -> Metrics:
     """Build the collector over what is running, open the HTTP listener when enabled,
     and announce the gateway to Home Assistant when discovery is enabled."""
@@ -1163,6 +1200,8 @@ async def start_metrics(
         collector.register(MqttSnSource(mqttsn))
     if taps is not None:
         collector.register(TapSource(taps))
+    if system_update is not None:
+        collector.register(SystemUpdateSource(system_update))
     metrics = Metrics(collector)
     collector.start(loop)
     http = config.http

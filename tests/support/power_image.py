@@ -41,7 +41,10 @@ from tests.support.vm import SdCard, Vm
 #: Power-on to CONNACK under TCG: about a minute and a half here, more under load.
 BOOT_TIMEOUT = 600.0
 #: Where the image's service keeps the store.
-DATA_DIR = "/var/lib/ledge"
+#: The store on the data partition (bind-mounted on /var/lib/ledge on the device).
+DATA_DIR = "/ledge"
+#: The card's partitions that a running gateway writes: system slot A, data.
+WRITTEN = {"root": 1, "data": 3}
 #: How QEMU's guest reaches this machine's loopback (QEMU's user-mode network).
 HOST = "10.0.2.2"
 GATEWAY_ID = "gw-power"
@@ -78,25 +81,33 @@ remote_prefix = "{REMOTE_PREFIX}"
 
 
 def fsck(card: SdCard, scratch: Path) -> tuple[str, str]:
-    """``e2fsck -fy`` on a copy of the root partition as the cut left it: ("clean" |
-    "repaired" | "failed", what it said)."""
-    root = card.partitions()[1]
-    copy = scratch / "root.img"
-    copy.unlink(missing_ok=True)
-    subprocess.run(
-        [
-            "dd", f"if={card.path}", f"of={copy}", "bs=4M", "conv=sparse", "status=none",
-            "iflag=skip_bytes,count_bytes", f"skip={root['start']}", f"count={root['size']}",
-        ],
-        check=True,
-    )  # fmt: skip
-    done = subprocess.run(["e2fsck", "-fy", str(copy)], check=False, capture_output=True, text=True)
-    said = (done.stdout + done.stderr).strip()
-    if done.returncode == 0:
-        return "clean", said
-    if done.returncode in (1, 2):  # errors corrected (2: a mounted root would reboot)
-        return "repaired", said
-    return "failed", said
+    """``e2fsck -fy`` on a copy of each partition the gateway writes (the system slot and
+    the data partition), as the cut left them: ("clean" | "repaired" | "failed", what it
+    said); the worst of the two."""
+    verdicts, said = [], []
+    for name, index in WRITTEN.items():
+        part = card.partitions()[index]
+        copy = scratch / f"{name}.img"
+        copy.unlink(missing_ok=True)
+        subprocess.run(
+            [
+                "dd", f"if={card.path}", f"of={copy}", "bs=4M", "conv=sparse", "status=none",
+                "iflag=skip_bytes,count_bytes", f"skip={part['start']}", f"count={part['size']}",
+            ],
+            check=True,
+        )  # fmt: skip
+        done = subprocess.run(
+            ["e2fsck", "-fy", str(copy)], check=False, capture_output=True, text=True
+        )
+        said.append(f"{name}: {(done.stdout + done.stderr).strip()}")
+        if done.returncode == 0:
+            verdicts.append("clean")
+        elif done.returncode in (1, 2):  # errors corrected (2: a mounted root would reboot)
+            verdicts.append("repaired")
+        else:
+            verdicts.append("failed")
+    worst = max(verdicts, key=("clean", "repaired", "failed").index)
+    return worst, "\n".join(said)
 
 
 def read_store(scratch: Path) -> Path:
@@ -106,7 +117,7 @@ def read_store(scratch: Path) -> Path:
     store.mkdir()
     for name in ("ledge.db", "ledge.db-wal"):
         subprocess.run(
-            ["debugfs", "-R", f"dump {DATA_DIR}/{name} {store / name}", str(scratch / "root.img")],
+            ["debugfs", "-R", f"dump {DATA_DIR}/{name} {store / name}", str(scratch / "data.img")],
             capture_output=True,
             check=True,
         )
@@ -157,7 +168,7 @@ class ImageTarget:
         if verdict == "repaired":
             self.fsck_said.append(said)
         if verdict == "failed":
-            cut.problems.append(f"e2fsck could not repair the root file system:\n{said}")
+            cut.problems.append(f"e2fsck could not repair a file system:\n{said}")
             return cut
         store = store_integrity(read_store(self.scratch), self.scratch / "db")
         if store != "ok":

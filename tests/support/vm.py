@@ -7,8 +7,10 @@ role's tests):
   sha256 checked), optionally bigger than the image like a real card, and its boot
   partition written and read with mtools as a laptop would;
 - ``Vm``: ``qemu-system-aarch64 -M virt -cpu cortex-a72`` (TCG), the card as a virtio
-  disk, the kernel, initrd and command line taken from the boot partition, guest ports
-  forwarded to free loopback ports, a hardware watchdog (an Intel 6300ESB on PCI, the
+  disk, the kernel, initrd and command line chosen from the boot partition as the Pi
+  firmware chooses them (``firmware_choice``: ``config.txt``, or ``tryboot.txt`` once
+  after ``reboot '0 tryboot'``; ``os_prefix``), guest ports forwarded to free loopback
+  ports, a hardware watchdog (an Intel 6300ESB on PCI, the
   one virt can have; the Pi has its SoC's) that resets the machine; stopped by a hard
   power-off (SIGKILL) at the latest when the ``with`` block ends;
 - ``ssh_keypair`` and ``Vm.ssh``: an SSH key the test controls.
@@ -25,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +36,8 @@ from tests.support.raw import Raw
 from tests.support.wait import wait_for
 
 QEMU = "qemu-system-aarch64"
+#: What the kernel prints when it restarts for a tryboot (``reboot '0 tryboot'``).
+TRYBOOT_RESTART = "reboot: Restarting system with command '0 tryboot'"
 SECTOR = 512
 
 
@@ -119,6 +124,52 @@ class BootPartition:
         return [line.rsplit("/", 1)[-1] for line in listing.splitlines() if line.strip()]
 
 
+@dataclass(frozen=True)
+class FirmwareChoice:
+    """What the Raspberry Pi firmware boots: files on the boot partition, and the kernel
+    command line."""
+
+    config: str  # config.txt, or tryboot.txt for a tryboot
+    kernel: str
+    initramfs: str
+    cmdline: str
+
+
+def firmware_choice(read: Callable[[str], bytes | None], tryboot: bool) -> FirmwareChoice:
+    """The Raspberry Pi firmware's choice of what to boot, as its documentation states it:
+    after ``reboot '0 tryboot'`` (a flag good for one boot) it reads ``tryboot.txt``
+    instead of ``config.txt``; ``os_prefix`` is put before the names of the kernel, the
+    initramfs and ``cmdline.txt`` (and the device trees, which ``-M virt`` does not use);
+    a later setting overrides an earlier one. Only the ``[all]`` section (and lines before
+    any section) apply: nothing on the card uses another filter. QEMU cannot run the
+    Pi's firmware, so the image's tests boot what this chooses."""
+    name = "tryboot.txt" if tryboot and read("tryboot.txt") is not None else "config.txt"
+    text = (read(name) or b"").decode()
+    settings: dict[str, str] = {}
+    section = "all"
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1].strip().lower()
+            continue
+        if section != "all":
+            continue
+        if line.startswith("initramfs "):
+            settings["initramfs"] = line.split()[1]
+        elif "=" in line:
+            key, value = line.split("=", 1)
+            settings[key] = value
+    prefix = settings.get("os_prefix", "")
+    kernel, initramfs = settings.get("kernel"), settings.get("initramfs")
+    assert kernel and initramfs, f"{name} names no kernel and initramfs:\n{text}"
+    cmdline_name = prefix + settings.get("cmdline", "cmdline.txt")
+    cmdline = (read(cmdline_name) or b"").decode().strip()
+    assert "root=" in cmdline, f"{cmdline_name} has no root=: {cmdline!r}"
+    return FirmwareChoice(name, prefix + kernel, prefix + initramfs, cmdline)
+
+
 @dataclass
 class SdCard:
     """A writable image file standing for an SD card."""
@@ -150,23 +201,19 @@ class SdCard:
     def boot(self) -> BootPartition:
         return BootPartition(self.path, self.partitions()[0]["start"])
 
-    def kernel(self, workdir: Path) -> tuple[Path, Path, str]:
-        """The kernel, initrd and command line the Pi firmware would use, from
-        ``config.txt`` and ``cmdline.txt`` on the boot partition."""
+    def kernel(self, workdir: Path, tryboot: bool = False) -> tuple[Path, Path, str]:
+        """The kernel, initrd and command line the Pi firmware would load from the boot
+        partition (``firmware_choice``), copied into ``workdir``."""
         boot = self.boot
-        config = (boot.read("config.txt") or b"").decode()
-        kernel = re.search(r"^kernel=(\S+)", config, re.M)
-        initrd = re.search(r"^initramfs (\S+)", config, re.M)
-        assert kernel and initrd, f"config.txt names no kernel and initramfs:\n{config}"
+        choice = firmware_choice(boot.read, tryboot)
         files = []
-        for name in (kernel.group(1), initrd.group(1)):
+        for name in (choice.kernel, choice.initramfs):
             data = boot.read(name)
             assert data, f"{name} is not on the boot partition"
-            (workdir / name).write_bytes(data)
-            files.append(workdir / name)
-        cmdline = (boot.read("cmdline.txt") or b"").decode().strip()
-        assert "root=" in cmdline, f"cmdline.txt has no root=: {cmdline!r}"
-        return files[0], files[1], cmdline
+            local = workdir / name.replace("/", "_")
+            local.write_bytes(data)
+            files.append(local)
+        return files[0], files[1], choice.cmdline
 
 
 @dataclass
@@ -192,12 +239,20 @@ class Vm:
     console: Path | None = None
     started: float = 0.0
     boots: int = 0
+    #: The Pi's one-shot tryboot flag: set when the guest restarts with
+    #: ``reboot '0 tryboot'`` (the kernel says so on the console), used by the next boot
+    #: only, cleared by a power cut.
+    tryboot: bool = False
+    #: What the firmware chose at each boot, in order.
+    choices: list[FirmwareChoice] = field(default_factory=list)
 
     def start(self) -> Vm:
         assert self.proc is None, "already running"
         if shutil.which(QEMU) is None:
             raise RuntimeError(f"{QEMU} is not installed: run scripts/setup --test")
-        kernel, initrd, cmdline = self.card.kernel(self.workdir)
+        tryboot, self.tryboot = self.tryboot, False
+        self.choices.append(firmware_choice(self.card.boot.read, tryboot))
+        kernel, initrd, cmdline = self.card.kernel(self.workdir, tryboot)
         for name in self.guest_ports:
             self.ports.setdefault(name, free_port())
         forwards = ",".join(
@@ -327,6 +382,7 @@ class Vm:
                 f"the guest did not stop within {timeout} s:\n{self.console_text[-3000:]}"
             ) from None
         self.proc = None
+        self.tryboot = TRYBOOT_RESTART in self.console_text
         return status
 
     def power_off(self) -> None:
@@ -338,6 +394,7 @@ class Vm:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
         self.proc = None
+        self.tryboot = False
 
     def __enter__(self) -> Vm:
         return self
