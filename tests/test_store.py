@@ -650,3 +650,23 @@ def test_journal_counts_message_references() -> None:
     kinds = [type(op) for op in ops]
     assert kinds.count(RemoveEntry) == 2
     assert kinds.count(ForgetMessage) == 1
+
+
+@pytest.mark.parametrize(("durability", "level"), [("power", 2), ("process", 1)])
+def test_durability_sets_how_sqlite_syncs_each_commit(
+    tmp_path: Path, durability: str, level: int
+) -> None:
+    """``power``: SQLite fsyncs the WAL at every commit (synchronous FULL = 2), so a
+    power cut keeps what was acknowledged; ``process``: only at checkpoints (NORMAL =
+    1), which a crash of the process survives. Read from the store's own connection,
+    where the setting lives (it is per connection); the power-cut rigs
+    (``tests/test_power.py``) show what it buys."""
+    store = Store(tmp_path, StoreSettings(durability=durability))  # type: ignore[arg-type]
+    store.open()
+    try:
+        db = store._db
+        assert db is not None
+        assert db.execute("PRAGMA synchronous").fetchone()[0] == level
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        store.close()
