@@ -174,6 +174,50 @@ def test_a_maximum_below_its_minimum_is_refused(low: str, high: str) -> None:
     assert hi in str(info.value)
 
 
+#: Bounds a protocol fixes, written here from the specifications, not read from the
+#: declarations (a wrong declaration moves the derived tests above along with it):
+#: (lowest, highest); ``None`` where the protocol leaves the end to the gateway.
+PROTOCOL_BOUNDS: dict[str, tuple[int | None, int | None]] = {
+    # MQTT 5.0 3.2.2.3.3: Receive Maximum is a Two Byte Integer and 0 is a Protocol Error.
+    "broker.receive_maximum": (1, 0xFFFF),
+    "broker.topic_alias_maximum": (0, 0xFFFF),  # 3.2.2.3.8, a Two Byte Integer
+    "broker.max_keepalive": (0, 0xFFFF),  # 3.1.2.10, Keep Alive: two bytes
+    "bridges.keepalive": (0, 0xFFFF),
+    "broker.max_inflight": (1, 0xFFFF),  # packet identifiers 1..65535 (2.2.1)
+    "bridges.max_inflight": (1, 0xFFFF),
+    # 3.1.2.11.2, Session Expiry Interval: a Four Byte Integer.
+    "broker.max_session_expiry_interval": (0, 0xFFFFFFFF),
+    "broker.persistent_session_expiry": (0, 0xFFFFFFFF),
+    "bridges.session_expiry": (0, 0xFFFFFFFF),
+    # 1.5.5: a Variable Byte Integer's largest value, plus the fixed header's 5 bytes.
+    "broker.max_packet_size": (None, 268_435_455 + 5),
+    "bridges.rules.qos": (0, 2),
+    "readings.qos": (0, 2),
+    # MQTT-SN 1.2: GwId is one octet (5.3.3); ADVERTISE's Duration two (5.4.1); the
+    # long Length field two (5.2.1); topic ids 1..0xFFFE (5.3.11).
+    "mqttsn.gateway_id": (0, 0xFF),
+    "mqttsn.advertise_interval": (0, 0xFFFF),
+    "mqttsn.max_message_size": (None, 0xFFFF),
+    "mqttsn.max_topics_per_client": (1, 0xFFFE),
+    # TCP and UDP ports; 0 asks the system for a free one.
+    "listeners.port": (0, 0xFFFF),
+    "http.port": (0, 0xFFFF),
+    "mqttsn.udp.port": (0, 0xFFFF),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PROTOCOL_BOUNDS))
+def test_the_bounds_a_protocol_fixes_are_the_ones_held(name: str) -> None:
+    lowest, highest = PROTOCOL_BOUNDS[name]
+    leaf = name.rsplit(".", 1)[1]
+    if lowest is not None:
+        accepted(name, lowest)
+        assert leaf in refused(name, lowest - 1)
+    if highest is not None:
+        accepted(name, highest)
+        assert leaf in refused(name, highest + 1)
+
+
 @pytest.mark.parametrize(
     ("topic_id", "ok"), [(0, False), (1, True), (0xFFFE, True), (0xFFFF, False), (-1, False)]
 )
