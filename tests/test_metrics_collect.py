@@ -312,7 +312,29 @@ def everything_world() -> World:
             BleDeviceSettings("g1", address="A4:C1:38:00:00:02", format="lywsd03mmc"),
         )
     )
-    pub.publish("a/c", b"z")  # QoS 0 for the offline session: dropped, not queued
+    # Every reason the broker drops a message for, each a count of its own, so that a
+    # metric reading another reason's counter shows a value that is not $SYS's.
+    for _ in range(3):  # QoS 0 for the offline session: dropped, not queued
+        pub.publish("a/c", b"z")
+    late = w.h.client(MQTT_5)
+    late.connect("late", clean_start=False, session_expiry_interval=300)
+    late.subscribe("e/#", qos=1)
+    late.send(Disconnect())
+    for _ in range(2):  # queued while it is away, expired before it comes back
+        pub.publish("e/x", b"old", qos=1, message_expiry_interval=1)
+    w.h.advance(2)
+    w.h.client(MQTT_5).connect("late", clean_start=False, session_expiry_interval=300)
+    tiny = w.h.client(MQTT_5)
+    tiny.connect("tiny", maximum_packet_size=64)
+    tiny.subscribe("big/#")
+    for _ in range(4):  # larger than its Maximum Packet Size (MQTT-3.1.2-24)
+        pub.publish("big/x", bytes(100))
+    slow = w.h.client(MQTT_5)
+    slow.connect("slow")
+    slow.subscribe("s/#")
+    w.broker.set_writable(slow.conn, False, w.h.now)
+    for _ in range(5):  # QoS 0 for a client that stopped reading
+        pub.publish("s/x", b"q")
     ble = w.hub.ble
     assert ble is not None
 
@@ -347,6 +369,8 @@ def everything_world() -> World:
     bridge.stats.rejected = 1
     bridge.stats.loops = 2
     bridge.stats.dropped_qos0_offline = 3
+    bridge.outbox.stats.dropped_expired = 5
+    bridge.stats.echoes = 6
     w.broker.sys_sources.append(bridge.sys_values)
     w.collector.register(BridgeSource([bridge]))
     return w
@@ -392,7 +416,17 @@ def test_every_sys_value_has_its_metric_with_the_same_value() -> None:
     )
     # What the world caused, so that a metric that reads the wrong counter fails here.
     assert v.get("ledge_messages_dropped_total", reason="queue_full") == 1
-    assert v.get("ledge_messages_dropped_total", reason="offline_qos0") == 1
+    assert v.get("ledge_messages_dropped_total", reason="offline_qos0") == 3
+    assert v.get("ledge_messages_dropped_total", reason="expired") == 2
+    assert v.get("ledge_messages_dropped_total", reason="too_large") == 4
+    assert v.get("ledge_messages_dropped_total", reason="slow_consumer") == 5
+    for reason, count in (
+        ("outbox_full", 4), ("rejected", 1), ("loop", 2), ("qos0_offline", 3),
+        ("expired", 5), ("echo", 6),
+    ):  # fmt: skip
+        assert v.get("ledge_bridge_messages_dropped_total", bridge="cloud", reason=reason) == (
+            count
+        ), reason
     assert v.get("ledge_protocol_errors_total") == 1
     assert v.get("ledge_messages_denied_total") == 2
     assert v.get("ledge_connections_refused_total") == 1
