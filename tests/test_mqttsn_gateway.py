@@ -377,6 +377,50 @@ def test_a_refused_regack_drops_that_message_once_and_the_next_one_goes_out(code
     assert dev.expect(Register).topic_name == "cmd/refused"
 
 
+@pytest.mark.parametrize("answer", ["accepted", "refused"])
+def test_a_full_queue_drops_the_oldest_waiting_message_not_the_register_in_flight(
+    answer: str,
+) -> None:
+    """A message REGISTERING (its REGISTER on the wire) is in flight, not waiting: it
+    does not count against ``max_queued_messages``, and with ``drop-oldest`` a full
+    queue drops the oldest message waiting behind it, so the REGACK still finds its
+    message and a refusal drops only that one. Each message lost is counted once, as
+    queue full or as refused."""
+    h = SnHarness(retry_interval=5, max_queued_messages=3)
+    mqtt = h.client(MQTT_311)
+    mqtt.connect("pub")
+    dev = h.device()
+    dev.connect()
+    dev.subscribe("cmd/#", qos=1)
+    mqtt.publish("cmd/new", b"0", qos=1)  # needs a REGISTER: heads the queue, in flight
+    reg = dev.expect(Register)
+    assert reg.topic_name == "cmd/new"
+    for n in (b"1", b"2", b"3", b"4"):  # 3 wait; the fourth drops "1", the oldest
+        mqtt.publish("cmd/new", n, qos=1)
+    assert h.gateway.stats.dropped_queue_full == 1
+    if answer == "accepted":
+        dev.send(RegAck(reg.topic_id, reg.msg_id))
+        expected = [b"0", b"2", b"3", b"4"]
+    else:
+        dev.send(RegAck(0, reg.msg_id, ReturnCode.NOT_SUPPORTED))
+        reg2 = dev.expect(Register)  # asked again for what waits, once
+        assert reg2.topic_name == "cmd/new"
+        dev.send(RegAck(reg2.topic_id, reg2.msg_id))
+        expected = [b"2", b"3", b"4"]
+    got = []
+    for _ in expected:
+        pub = dev.expect(Publish)
+        got.append(pub.data)
+        dev.ack(pub)
+    assert got == expected
+    h.advance(60)
+    dev.nothing()
+    stats = h.gateway.stats
+    assert (stats.dropped_queue_full, stats.publish_refused) == (
+        (1, 0) if answer == "accepted" else (1, 1)
+    )
+
+
 def test_invalid_topic_id_then_re_register_keeps_the_order_of_what_follows() -> None:
     """PUBACK "invalid topic id" (the device lost its registrations): the gateway
     REGISTERs again and resends that message before the ones queued behind it."""

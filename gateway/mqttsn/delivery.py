@@ -60,7 +60,11 @@ def deliver(ctx: Context, client: SnClient, msg: Message, qos: int, retain: bool
     queue = client.queue
     if queue is None:
         queue = client.queue = deque()
-    if len(queue) >= ctx.settings.max_queued_messages:
+    # A message REGISTERING heads the queue while its REGISTER is on the wire: it is
+    # in flight, not waiting, and neither counts against the bound nor is dropped for
+    # it (as a PUBLISH in flight, which has left the queue).
+    registering = queue[0] is client.inflight if queue else False
+    if len(queue) - registering >= ctx.settings.max_queued_messages:
         stats.dropped_queue_full += 1
         if sparse(stats.dropped_queue_full):
             log.warning(
@@ -72,7 +76,7 @@ def deliver(ctx: Context, client: SnClient, msg: Message, qos: int, retain: bool
             )
         if ctx.settings.queue_policy == "drop-new":
             return
-        queue.popleft()
+        del queue[1 if registering else 0]
     queue.append(entry)
     if state is State.ACTIVE and not client.holding and client.inflight is None:
         pump(ctx, client, now)

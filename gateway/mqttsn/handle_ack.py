@@ -87,7 +87,7 @@ def _move(
             return_code,
         )
         registry.forget(client, topic)
-        if client.queue:
+        if client.queue and client.queue[0] is entry:
             client.queue.popleft()  # a message REGISTERING heads the queue
     elif ack is Ack.PUBACK_UNREGISTERED:
         registry.forget(client, topic)

@@ -86,7 +86,8 @@ class MqttSnSettings:
     #: Registered topics per client (REGISTER both ways, SUBACK ids).
     max_topics_per_client: int = option(64, ge=1, le=65534)
     #: Messages waiting for one client: while it sleeps, while one is in flight, while
-    #: its topic is being registered. Policy when full: ``queue_policy``.
+    #: its topic is being registered (the one in flight, a PUBLISH or a REGISTER, is
+    #: not waiting: it neither counts nor is dropped). Policy when full: ``queue_policy``.
     max_queued_messages: int = option(100, ge=1, le=INT31)
     queue_policy: Literal["drop-oldest", "drop-new"] = option("drop-oldest")
     #: Tretry and Nretry (section 6.13): resend an unacknowledged REGISTER, PUBLISH or
