@@ -107,6 +107,7 @@ SCOPES: dict[str, Scope] = {
         (
             "tests/test_bridge_units.py",
             "tests/test_bridge_link.py",  # the link in process, to a Ledge as the cloud
+            "tests/test_bridge_link_more.py",  # CONNECT, status and will, backoff, logs, TLS
         ),
     ),
     "mqttsn": Scope(

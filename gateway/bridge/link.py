@@ -85,6 +85,8 @@ ECHO_ENTRIES: Final = 10_000
 BYPASS_QUEUE: Final = 1000
 #: A connection that lasted this long resets the backoff.
 STABLE_SECONDS: Final = 10.0
+#: Seconds ``stop`` waits for the link to end before it cancels it again.
+STOP_RETRY: Final = 0.5
 #: Inbound messages aiomqtt may hold before it drops (it logs each drop).
 INBOUND_QUEUE: Final = 10_000
 #: Removals from the outbox reach the store at most this late (grouped): after a
@@ -238,7 +240,12 @@ class Bridge:
             with contextlib.suppress(Exception):
                 client.paho.publish(self._status_topic, b"offline", 1, True)
         if self._task is not None:
-            self._task.cancel()
+            # Cancelled again until it ends: on Python 3.11, a cancel that comes in the
+            # same turn as the reply it waits for is lost inside ``asyncio.wait_for``
+            # (aiomqtt's subscribe and publish), and the link would run on for ever.
+            while not self._task.done():
+                self._task.cancel()
+                await asyncio.wait({self._task}, timeout=STOP_RETRY)
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         for task in list(self._loads):
@@ -500,6 +507,8 @@ class Bridge:
                     )
                 else:
                     await client.subscribe(rule.remote_filter, rule.qos)
+            if self._stopping:
+                return  # stopped meanwhile: "offline" is said; "online" must not follow
             if self._status_topic is not None:
                 client.paho.publish(self._status_topic, b"online", 1, True)
             replay = self.outbox.count
