@@ -212,6 +212,11 @@ SYS_ELSEWHERE = {
     "sensors/ble/<device>/present": "ledge_sensor_devices{driver='ble',state}: a GATT device "
     "counts there by its connection",
 }
+#: $SYS values that are another value again, under a second name.
+SAME_COUNT_AS = {
+    "sensors/ble/adapter/queue dropped": "sensors/ble/adapter/dropped",
+    "bridge/<bridge>/dropped": "the sum of the bridge's drops by reason",
+}
 #: A $SYS key -> its pattern in the tables above, and the labels it fills in.
 _PER_THING = (
     re.compile(r"(bridge)/(?P<bridge>[^/]+)/(?P<rest>.+)"),
@@ -371,6 +376,30 @@ def everything_world() -> World:
     bridge.stats.dropped_qos0_offline = 3
     bridge.outbox.stats.dropped_expired = 5
     bridge.stats.echoes = 6
+    # The other counts this world does not come to by itself, each set to a value of its
+    # own (what moves each one is tested where it happens: test_limits.py,
+    # test_core_retain_will_session.py, test_serial.py, test_ble_watchdog_counts.py,
+    # test_ble.py, test_ble_gatt_sessions.py, test_local_and_taps.py,
+    # test_bridge_link_more.py), so that a metric reading another's counter fails here.
+    w.broker.stats.evicted_connecting_full = 11
+    w.broker.stats.evicted_address_full = 12
+    w.broker.stats.bytes_sent = 13
+    w.broker.retained.refused = 14
+    w.hub.sensors["env"].stats.garbage_bytes = 15
+    watchdog.counts.restarts += 31  # (the world's steps gave one of each)
+    watchdog.counts.bluez_lost = 16
+    watchdog.counts.adapter_lost = 17
+    ble.counts["dropped"] = 18
+    ble.counts["unknown evicted"] = 19
+    ble.counts["devices refused"] = 20
+    gatt = ble.devices["g1"].gatt
+    assert gatt is not None
+    gatt.sessions = 21
+    w.taps.stats.queued, w.taps.stats.handled = 22, 23
+    w.taps.stats.failed, w.taps.stats.dropped = 24, 25
+    bridge.outbox.stats.queued, bridge.outbox.stats.sent = 26, 27
+    bridge.outbox.stats.acknowledged, bridge.outbox.stats.refused = 28, 29
+    bridge.stats.received, bridge.stats.connects = 30, 33
     w.broker.sys_sources.append(bridge.sys_values)
     w.collector.register(BridgeSource([bridge]))
     return w
@@ -408,6 +437,19 @@ def test_every_sys_value_has_its_metric_with_the_same_value() -> None:
         # (0.05: the age of the oldest outbox message is written with one decimal)
         assert abs(got - total) <= 0.05, f"{pattern} {found}: $SYS says {total}, {name} says {got}"
     assert {p for p, _ in sums} == set(SYS_METRICS), "a value in the table was not in $SYS"
+    # Every count the table names (each drop, refusal, eviction and loss by its reason)
+    # is something in this world, and the counts of one family differ from each other:
+    # a metric whose labels point at another reason's counter cannot show $SYS's value
+    # by chance. (Gauges are the moment's state.)
+    families: dict[str, dict[str, float]] = {}
+    for (pattern, filled), total in sums.items():
+        name = SYS_METRICS[pattern][0]
+        if name.endswith("_total") and pattern not in SAME_COUNT_AS:
+            families.setdefault(name, {})[f"{pattern} {dict(filled)}"] = total
+    zero = [key for family in families.values() for key, total in family.items() if total == 0]
+    assert not zero, f"counts this world leaves at 0: {zero}"
+    for name, family in families.items():
+        assert len(set(family.values())) == len(family), (name, family)
     sys_values = w.broker.sys_values(w.h.now)
     state = sys_values["$SYS/broker/sensors/ble/adapter/state"]
     assert v.get("ledge_ble_adapter_state", state=state) == 1
