@@ -367,6 +367,8 @@ class _BleDeviceChecks(_Model):
         gatt = fmt in GATT_FORMATS
         if (address is None) == (beacon is None):
             raise ValueError("give the device's address, or (for a beacon) its beacon identity")
+        if gatt and address is None:
+            raise ValueError("a GATT device needs its address")
         if beacon is not None and fmt not in ("auto", *BEACON_FORMATS):
             raise ValueError("beacon applies to formats 'ibeacon' and 'eddystone'")
         if get("bindkey") is not None and fmt not in ("auto", "bthome", "mibeacon"):
@@ -377,8 +379,6 @@ class _BleDeviceChecks(_Model):
             raise ValueError("characteristics apply to formats 'gatt' and 'lywsd03mmc'")
         if get("command_uuid") is not None and not gatt:
             raise ValueError("command_uuid applies to formats 'gatt' and 'lywsd03mmc'")
-        if gatt and address is None:
-            raise ValueError("a GATT device needs its address")
         return self
 
 
