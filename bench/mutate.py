@@ -178,6 +178,7 @@ SCOPES: dict[str, Scope] = {
             "tests/test_runtime_build.py",
             "tests/test_config_overrides.py",
             "tests/test_config_checks.py",
+            "tests/test_config_rules.py",
         ),
     ),
 }
