@@ -90,6 +90,29 @@ def test_explain_says_why_and_why_not() -> None:
     assert "yes -> local topic 'shared/devices/gw1/cmd/x'" in lines[2]
 
 
+def test_explain_writes_each_rules_line_whole() -> None:
+    rules = (
+        RuleSettings("a/#", "out", 1),
+        RuleSettings("b/#", "out", 0, "", "up/", "strip"),
+        RuleSettings("#", "in", 1, "down/", ""),
+        RuleSettings("#", "out", 2),
+    )
+    assert explain(rules, "b/x") == [
+        "rule 1 (out 'a/#'): no, 'b/x' does not match the filter 'a/#'",
+        "rule 2 (out 'b/#', local '' <-> remote 'up/'): yes -> remote topic 'up/b/x', "
+        "QoS at most 0, retain stripped",
+        "rule 3 (in '#', local 'down/' <-> remote ''): not consulted, an earlier rule matched",
+        "rule 4 (out '#'): not consulted, an earlier rule matched",
+    ]
+    assert explain(rules, "c", outbound=False) == [
+        "rule 1 (out 'a/#'): no, it only sends local topics out",
+        "rule 2 (out 'b/#', local '' <-> remote 'up/'): no, it only sends local topics out",
+        "rule 3 (in '#', local 'down/' <-> remote ''): yes -> local topic 'down/c', "
+        "QoS at most 1, retain kept",
+        "rule 4 (out '#'): not consulted, an earlier rule matched",
+    ]
+
+
 @pytest.mark.parametrize(
     ("rule", "problem"),
     [
@@ -292,6 +315,54 @@ def test_paging_skips_rows_dropped_meanwhile_and_waits_for_uncommitted_ones() ->
     assert [e.pos for e in box.mem] == [4, 5] and box.spilled == 3
 
 
+def test_dropping_the_oldest_on_disk_tells_the_store_which_row() -> None:
+    one = entry(1).size
+    box, ops = make_outbox(max_messages=2, memory_bytes=one)
+    box.put(entry(1))  # in memory
+    box.put(entry(2))  # on disk
+    (e1,) = drain(box)
+    box.acknowledged(e1)
+    assert box.refill_request() == (2, 1)
+    box.put(entry(3))
+    box.put(entry(4))  # drop-oldest: 2, on disk, while its page is read
+    assert box.stats.dropped_full == 1
+    assert ops.count(RemoveOutbox("cloud", 2)) == 1
+    rows = {op.pos: op for op in ops if isinstance(op, PutOutbox)}
+    assert box.refilled([stored(rows[2]), stored(rows[3])]) == 1  # 2 is gone: skipped
+    assert [e.seq for e in box.mem] == [3] and box.spilled == 1
+
+
+def test_dropping_the_oldest_while_three_are_in_flight_sends_the_next_once() -> None:
+    box, _ = make_outbox(max_messages=4)
+    for i in range(1, 5):
+        box.put(entry(i))
+    sent = [box.next_ready(0.0) for _ in range(3)]
+    assert [e.seq for e in sent if e is not None] == [1, 2, 3]
+    box.put(entry(5))  # drop-oldest: 1, in flight
+    assert [e.seq for e in drain(box)] == [4, 5]
+
+
+def test_thousands_on_disk_come_back_in_order() -> None:
+    """Beyond 4,096 entries read back from disk the outbox compacts its record of them;
+    the order and every entry survive it."""
+    one = entry(1).size
+    box, ops = make_outbox(max_messages=10**6, memory_bytes=one)
+    n = 4200
+    for i in range(1, n + 1):
+        box.put(entry(i))
+    rows = {op.pos: op for op in ops if isinstance(op, PutOutbox)}
+    got: list[int] = []
+    while box.count:
+        for e in drain(box):
+            got.append(e.seq)
+            box.acknowledged(e)
+        request = box.refill_request()
+        if request is not None:
+            first, count = request
+            box.refilled([stored(rows[p]) for p in range(first, first + count)])
+    assert got == list(range(1, n + 1))
+
+
 def test_an_acknowledgement_after_a_drop_is_ignored() -> None:
     box, _ = make_outbox(max_messages=1)
     box.put(entry(1))
@@ -345,6 +416,34 @@ def test_the_oldest_age_is_the_head_in_memory_then_on_disk_never_negative() -> N
     box.acknowledged(e1)
     assert box.oldest_age(150.0) == 48.0  # the head is now on disk
     assert box.oldest_age(50.0) == 0.0
+
+
+def test_a_wall_clock_step_moves_every_entrys_times_with_it() -> None:
+    """The system clock set forward (or back): each entry's creation and expiry move by
+    the step, in memory and on disk, so ages and remaining lifetimes stay; an entry
+    without expiry keeps none; pages from disk wait for the batch storing the moved
+    times."""
+    one = entry(1).size
+    box, _ = make_outbox(memory_bytes=one * 2)
+    box.put(entry(1, expires=200.0))  # created 101, in memory
+    box.put(entry(2))  # created 102, in memory, no expiry
+    box.put(entry(3, expires=300.0))  # created 103, on disk
+    box.commit(5)
+    box.shift_wall(1000.0, 7)
+    box.shift_wall(-10.0, 6)
+    assert box.wall_steps == 2
+    e1, e2 = box.mem
+    assert (e1.created, e1.expires) == (1091.0, 1190.0)
+    assert (e2.created, e2.expires) == (1092.0, None)
+    assert box.oldest_age(1100.0) == 9.0
+    for e in drain(box, 1100.0):
+        box.acknowledged(e)
+    assert box.oldest_age(1100.0) == 7.0  # the entry on disk: created 103 + 990
+    assert box.refill_request() is None  # batch 7 (the larger) is not committed yet
+    box.commit(6)
+    assert box.refill_request() is None
+    box.commit(7)
+    assert box.refill_request() == (3, 1)
 
 
 def test_dropping_the_oldest_while_in_flight_keeps_the_next_to_send() -> None:
