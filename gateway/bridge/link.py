@@ -353,14 +353,14 @@ class Bridge:
         origin = _mark(props)
         if origin is not None and origin[0] == self.gateway and msg.origin not in Bridge.local_ids:
             # Marked here, gone out and come back through someone else: a loop.
-            if self.stats.loops & (self.stats.loops - 1) == 0:
+            self.stats.loops += 1
+            if self.stats.loops & (self.stats.loops - 1) == 0:  # the 1st, 2nd, 4th, 8th...
                 log.warning(
                     "bridge %s: dropped %r, marked with this gateway's id (a loop; %d so far)",
                     self.name,
                     msg.topic,
-                    self.stats.loops + 1,
+                    self.stats.loops,
                 )
-            self.stats.loops += 1
             return
         wall = self.wall()
         journal = self.broker.journal
