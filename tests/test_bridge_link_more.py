@@ -314,6 +314,30 @@ def test_the_backoff_doubles_from_reconnect_min_up_to_reconnect_max_jittered_bel
     run(story)
 
 
+def test_the_backoff_holds_at_reconnect_max_through_thousands_of_failures(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An uplink down for a day fails thousands of times in a row; the link keeps
+    trying at ``reconnect_max`` (here tiny, so that 1,100 failures take a moment)."""
+    jitter = Jitter()
+    monkeypatch.setattr(link, "random", jitter)
+
+    async def story() -> None:
+        backoff = "reconnect_min = 0.000001\nreconnect_max = 0.000002\n"
+        gw = await started(edge(f"127.0.0.1:{closed_port()}", backoff=backoff))
+        try:
+            await async_wait_for(lambda: len(jitter.bounds) >= 1100, 60, "1,100 attempts")
+            assert jitter.highs()[1000:1100] == [0.000002] * 100
+            bridge = bridge_of(gw)
+            assert bridge._task is not None and not bridge._task.done()
+        finally:
+            await gw.close()
+
+    run(story)
+    assert link.backoff(1.0, 60.0, 10**6) == 60.0
+    assert [link.backoff(0.5, 3.0, n) for n in range(5)] == [0.5, 0.5, 1.0, 2.0, 3.0]
+
+
 def test_a_connection_that_lasted_stable_seconds_resets_the_backoff_a_shorter_one_not(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -70,6 +70,7 @@ from gateway.mqtt.properties import (
     property_block,
     user_property,
 )
+from gateway.store.settings import OUTBOX_ENTRY_OVERHEAD
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -77,6 +78,14 @@ if TYPE_CHECKING:
     from gateway.store.sqlite import Store
 
 log = logging.getLogger("ledge.bridge")
+
+
+def backoff(first: float, most: float, failures: int) -> float:
+    """The wait after ``failures`` failures in a row: ``first``, doubling with each
+    further failure, at most ``most`` (before jitter) -- for any number of failures (an
+    uplink down for a day fails thousands of times; 2.0 ** 1024 is not a float)."""
+    return min(most, first * 2.0 ** min(max(0, failures - 1), 64))
+
 
 #: Echo suppression (MQTT 3.1.1 without the envelope): how long and how many.
 ECHO_SECONDS: Final = 60.0
@@ -92,6 +101,10 @@ INBOUND_QUEUE: Final = 10_000
 #: Removals from the outbox reach the store at most this late (grouped): after a
 #: crash, what the remote acknowledged in that time is sent again (same marks).
 DONE_DELAY: Final = 0.25
+#: A page of the outbox the store could not read is asked for again after this many
+#: seconds, doubling with each failure in a row up to ``REFILL_RETRY_MAX``.
+REFILL_RETRY: Final = 1.0
+REFILL_RETRY_MAX: Final = 60.0
 
 
 @dataclass(slots=True)
@@ -195,6 +208,9 @@ class Bridge:
         #: Reads of the outbox from the store in progress (kept: the loop holds only
         #: weak references to tasks).
         self._loads: set[asyncio.Task[None]] = set()
+        #: Reads of the outbox that failed in a row, and when to read again (monotonic).
+        self._load_failures = 0
+        self._load_after = 0.0
         self._stopping = False
         self._pending: dict[int, Entry | None] = {}
         self._client: HookedClient | None = None
@@ -332,11 +348,14 @@ class Bridge:
             self.broker.wake()  # the shell seals them into a store batch
 
     def _gate(self, topic: str, size: int) -> str | None:
-        """Policy ``refuse``: a QoS 1/2 publisher is told no while the outbox is full."""
-        outbox = self.outbox
-        if not outbox.would_overflow(size + len(topic) + 64):
+        """Policy ``refuse``: a QoS 1/2 publisher is told no while the outbox is full.
+        ``size``: the message's payload and properties; the entry it would make holds
+        them under the remote topic (``Entry.size``), so a message accepted here fits."""
+        mapped = map_out(self.settings.rules, topic, 1, False)
+        if mapped is None:
             return None
-        if map_out(self.settings.rules, topic, 1, False) is None:
+        outbox = self.outbox
+        if not outbox.would_overflow(len(mapped.topic) + size + OUTBOX_ENTRY_OVERHEAD):
             return None
         self.stats.refused_publishes += 1
         outbox.stats.refused += 1
@@ -443,7 +462,7 @@ class Bridge:
             else:
                 failures += 1
                 index += 1  # try the next address
-            delay = min(settings.reconnect_max, settings.reconnect_min * 2 ** max(0, failures - 1))
+            delay = backoff(settings.reconnect_min, settings.reconnect_max, failures)
             delay = random.uniform(delay / 2, delay)  # jitter
             # One warning per change of state or reason; repeats of the same go to debug.
             what = "lost" if self.state == "connected" else "cannot connect to"
@@ -640,6 +659,8 @@ class Bridge:
         self.broker.wake()
 
     def _refill(self) -> None:
+        if self._load_failures and time.monotonic() < self._load_after:
+            return  # the last read failed: its retry wakes the sender
         request = self.outbox.refill_request()
         if request is None or self.store is None:
             return
@@ -659,8 +680,18 @@ class Bridge:
                 rows = await asyncio.get_running_loop().run_in_executor(None, read)
             except Exception:
                 self.outbox.refilling = False
-                log.exception("bridge %s: cannot read the outbox from the store", self.name)
+                self._load_failures += 1
+                delay = backoff(REFILL_RETRY, REFILL_RETRY_MAX, self._load_failures)
+                self._load_after = time.monotonic() + delay
+                log.exception(
+                    "bridge %s: cannot read the outbox from the store (trying again in %g s)",
+                    self.name,
+                    delay,
+                )
+                # Nothing else may wake the sender (the backlog is all on disk).
+                asyncio.get_running_loop().call_later(delay, self._wake.set)
                 return
+            self._load_failures = 0
             if self.outbox.wall_steps != steps:
                 # The clock was set while the page was read: its times may be in the
                 # old frame. Read it again (after the store has moved them).
