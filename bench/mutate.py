@@ -110,6 +110,7 @@ SCOPES: dict[str, Scope] = {
             "tests/test_bridge_link_more.py",  # CONNECT, status and will, backoff, logs, TLS
             "tests/test_bridge_sink.py",  # into the outbox and up: marks, loops, bypass, envelope
             "tests/test_bridge_aiomqtt_hooks.py",  # what the client makes of each paho callback
+            "tests/test_bridge_state.py",  # $SYS, state, paging, gate, inbound, marks, logs
         ),
     ),
     "mqttsn": Scope(

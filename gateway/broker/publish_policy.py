@@ -40,7 +40,7 @@ from gateway.broker.state import Connection
 from gateway.mqtt.errors import MQTTError, ProtocolError
 from gateway.mqtt.fastpath import encode_ack
 from gateway.mqtt.packets import MQTT_5, PacketType
-from gateway.mqtt.properties import EMPTY, Properties
+from gateway.mqtt.properties import EMPTY, Properties, encode_properties
 from gateway.mqtt.reason_codes import ReasonCode
 from gateway.mqtt.topics import SHARE_PREFIX
 
@@ -128,7 +128,9 @@ def receive(
             or (qos and (ctx.store_full or ctx.publish_gates))
         )
         and (
-            verdict := authorize(ctx, conn.client_id, conn.rules, topic, qos, retain, len(payload))
+            verdict := authorize(
+                ctx, conn.client_id, conn.rules, topic, qos, retain, len(payload), props
+            )
         )
         is not None
     ):
@@ -282,6 +284,7 @@ def authorize(
     qos: int,
     retain: bool,
     size: int,
+    props: Properties = EMPTY,
 ) -> Verdict | None:
     """Steps 5 and 6 for one PUBLISH of ``client_id`` (an MQTT client, or a device of
     the firmware bridge), in their order: ``$SYS``, ``$share/``, the ACL -- the most
@@ -295,7 +298,7 @@ def authorize(
     elif rules is not None and not rules.can_write(topic):
         verdict = ACL_DENIED
     elif qos and (ctx.store_full or ctx.publish_gates):
-        why = refusal(ctx, topic, retain, size)
+        why = refusal(ctx, topic, retain, size, props)
         if why is None:
             return None
         verdict = Verdict(_QUOTA_EXCEEDED, why)
@@ -323,12 +326,17 @@ def _one_level(name: str) -> bool:
     return bool(name) and not any(c in name for c in "/+#")
 
 
-def refusal(ctx: Context, topic: str, retain: bool, size: int) -> str | None:
+def refusal(
+    ctx: Context, topic: str, retain: bool, size: int, props: Properties = EMPTY
+) -> str | None:
     """Why a QoS 1/2 PUBLISH on ``topic`` cannot be accepted now, or None: the store
     is full and the message would be stored, or a gate (a bridge's full outbox with
-    the policy "refuse") says no."""
+    the policy "refuse") says no. A gate is given the payload's and the properties'
+    bytes: what the message would hold where it is kept."""
     if ctx.store_full and would_store(ctx, topic, retain):
         return f"store full: message on {topic!r} for persistent sessions refused"
+    if ctx.publish_gates and props is not EMPTY:
+        size += len(encode_properties(props))
     for gate in ctx.publish_gates:
         why = gate(topic, size)
         if why is not None:
