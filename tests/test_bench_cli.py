@@ -300,6 +300,27 @@ def test_base_gets_ledges_command_line_and_config_from_its_own_checkout(
     assert procs.checkout("mosquitto") == REPO
 
 
+def test_the_qos_1_runs_lift_both_brokers_session_queue_limits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A subscriber slowed by a busy machine must not see messages dropped by a queue
+    limit (both brokers' policy) where the run counts every acknowledged message."""
+    monkeypatch.setitem(procs.LEDGE_CHECKOUTS, "ledge", REPO)
+    for unbounded in (False, True):
+        workdir = tmp_path / str(unbounded)
+        workdir.mkdir()
+        Broker("ledge", workdir, "l", unbounded_queues=unbounded).command(10, False)
+        Broker("mosquitto", workdir, "m", unbounded_queues=unbounded).command(10, False)
+        broker = parse_config((workdir / "l.toml").read_text()).broker
+        mosquitto = (workdir / "m.conf").read_text()
+        if unbounded:
+            assert broker.max_queued_messages == broker.max_queued_bytes == 2**31 - 1
+            assert "max_queued_messages 0\n" in mosquitto  # (0: no limit)
+        else:
+            assert (broker.max_queued_messages, broker.max_queued_bytes) == (1000, 8 << 20)
+            assert "max_queued_messages 1000\n" in mosquitto
+
+
 def test_base_without_a_checkout_is_an_error_not_this_repository(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -316,7 +337,11 @@ def _fake_persist_measure(monkeypatch: pytest.MonkeyPatch, kinds: list[str]) -> 
     """measure() for run_persist: records the kinds and answers PERSIST_RATES, writing
     10 bytes a message, its peak RSS the rate too."""
 
-    def measure(settings: Settings, kind: str, label: str, *rest: Any) -> Measured:
+    def measure(
+        settings: Settings, kind: str, label: str, *rest: Any, unbounded_queues: bool = False
+    ) -> Measured:
+        # Every acknowledged message is counted: no queue limit may drop one by policy.
+        assert unbounded_queues, kind
         kinds.append(kind)
         _, dash, variant = kind.partition("-")
         rate = PERSIST_RATES[dash + variant]
