@@ -21,102 +21,19 @@ from gateway.bridge import link
 from gateway.bridge.link import BYPASS_QUEUE, ECHO_ENTRIES, ECHO_SECONDS, Bridge, EchoFilter
 from gateway.bridge.outbox import Entry
 from gateway.bridge.sequence import BLOCK, META_KEY, Sequence
-from gateway.bridge.settings import BridgeSettings, RuleSettings, TlsSettings
+from gateway.bridge.settings import RuleSettings, TlsSettings
 from gateway.broker.journal import Journal, PutOutbox, SetMeta
-from gateway.broker.local import LocalClient
 from gateway.broker.message import Message
 from gateway.mqtt.properties import Properties, Where, decode_properties, encode_properties
 from gateway.store.sqlite import Store
+from tests.support.bridge_world import (
+    GATEWAY,
+    UP,
+    World,
+    bridge_settings,
+    listen,
+)
 from tests.support.certs import _ca
-from tests.support.harness import Harness
-
-GATEWAY = "gw1"
-#: Readings go up under ``fleet/``.
-UP = RuleSettings("t/#", remote_prefix="fleet/")
-
-
-class Wall:
-    """The gateway's wall clock, moved by the test."""
-
-    def __init__(self, now: float = 5000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class HarnessBridge(Bridge):
-    """A bridge whose broker clock is the harness's (the gateway's is the event loop's)."""
-
-    def __init__(
-        self,
-        h: Harness,
-        settings: BridgeSettings,
-        *,
-        sequence: Sequence,
-        store: Store | None,
-        wall: Wall,
-    ) -> None:
-        self.harness = h
-        super().__init__(
-            settings,
-            gateway=GATEWAY,
-            prefix="ledge",
-            broker=h.broker,
-            sequence=sequence,
-            store=store,
-            wall=wall,
-        )
-
-    def broker_now(self) -> float:
-        return self.harness.now
-
-
-def listen(bridge: Bridge, now: float) -> None:
-    """The local subscriptions ``start`` makes, without starting the link."""
-    for rule in bridge.settings.rules:
-        if rule.outbound:
-            bridge.local.subscribe(
-                rule.local_filter, 2, now, retained=False, no_local=True, retain_as_published=True
-            )
-
-
-def bridge_settings(*rules: RuleSettings, name: str = "cloud", **options: Any) -> BridgeSettings:
-    return BridgeSettings(name, (("127.0.0.1", 1),), rules or (UP,), **options)
-
-
-class World:
-    """A broker on a fake clock, a wall clock, and the bridges made on them."""
-
-    def __init__(self) -> None:
-        self.h = Harness()
-        self.wall = Wall()
-        self.bridges: list[Bridge] = []
-
-    def bridge(
-        self,
-        settings: BridgeSettings | None = None,
-        *,
-        sequence: Sequence | None = None,
-        store: Store | None = None,
-    ) -> HarnessBridge:
-        made = HarnessBridge(
-            self.h,
-            settings or bridge_settings(),
-            sequence=sequence or Sequence(500),
-            store=store,
-            wall=self.wall,
-        )
-        listen(made, self.h.now)
-        self.bridges.append(made)
-        return made
-
-    def device(self, client_id: str = "sensor-node") -> LocalClient:
-        return LocalClient(self.h.broker, client_id)
-
-    def close(self) -> None:
-        for made in self.bridges:
-            made.detach()
 
 
 @pytest.fixture
