@@ -82,7 +82,7 @@ pipeline-bench: ## ledge-pipeline run on local[2] (fresh JVM) at 0.25M, 1M and 4
 	scripts/setup --test
 	.venv/bin/python -m bench.pipeline --floor $(addprefix --lines ,$(PIPELINE_LINES))
 
-mutate:         ## mutation testing (mutmut) per package with its fast tests (MUTATE="drivers config" for some: mqtt broker bridge mqttsn metrics drivers config); report in .mutate/report.md (hours of CPU for all)
+mutate:         ## mutation testing (mutmut) per package with its fast tests (MUTATE="drivers config" for some: mqtt broker bridge mqttsn metrics store drivers config); report in .mutate/report.md (hours of CPU for all)
 	scripts/setup --test
 	.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[mutate]"
 	.venv/bin/python -m bench.mutate $(MUTATE)
