@@ -100,10 +100,11 @@ def _problem(conn: Connection, reason: str) -> Properties:
 
 def close(ctx: Context, conn: Connection, now: float, reason: str) -> None:
     """Close after flushing output: ``teardown`` now, then the shell closes the
-    transport once the output before it is written."""
+    transport once the output before it is written. ``reason`` goes to the debug log
+    (the callers that refuse or fail a client log it at their own level)."""
     if conn.state >= State.CLOSING:
         return
-    conn.close_reason = reason
+    log.debug("closing %s: %s", conn.label, reason)
     teardown(ctx, conn, now)
     conn.state = State.CLOSING
     mark_closing(ctx, conn)

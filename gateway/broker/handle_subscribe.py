@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
+from gateway.broker.acl import denied_by
 from gateway.broker.context import Context
 from gateway.broker.delivery import deliver
 from gateway.broker.output import send
@@ -20,7 +21,7 @@ from gateway.mqtt.packets import (
     Unsubscribe,
 )
 from gateway.mqtt.reason_codes import ReasonCode, describe
-from gateway.mqtt.topics import filter_error, has_wildcard, parse_shared, subsumes
+from gateway.mqtt.topics import filter_error, has_wildcard, parse_shared
 
 log = logging.getLogger("ledge.broker")
 
@@ -114,7 +115,7 @@ def _subscribe_one(
             request = replace(request, no_local=True, retain_as_published=True)
     if not settings.wildcard_subscriptions and has_wildcard(topic_filter):
         return ReasonCode.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED, None, False
-    denied = next((d for d in settings.deny_subscriptions if subsumes(d, topic_filter)), None)
+    denied = denied_by(settings.deny_subscriptions, topic_filter)
     if denied is not None:
         log.info("refusing subscription %r of %s: denied by %r", raw, conn.label, denied)
         return settings.deny_subscription_code, None, False

@@ -17,13 +17,14 @@ from collections import deque
 from typing import TYPE_CHECKING, Final, NamedTuple
 
 from gateway.broker import publish_policy, sessions
+from gateway.broker.acl import denied_by
 from gateway.broker.delivery import deliver
 from gateway.broker.local import LocalClient, Sink
 from gateway.broker.state import Outgoing
 from gateway.mqtt.packets import Will
 from gateway.mqtt.properties import EMPTY
 from gateway.mqtt.reason_codes import ReasonCode
-from gateway.mqtt.topics import SHARE_PREFIX, filter_error, has_wildcard, subsumes
+from gateway.mqtt.topics import SHARE_PREFIX, filter_error, has_wildcard
 
 if TYPE_CHECKING:
     from gateway.broker.acl import Acl
@@ -142,7 +143,7 @@ class ProxyClient(LocalClient):
             return Refusal(error, INVALID)
         if not settings.wildcard_subscriptions and has_wildcard(topic_filter):
             return Refusal("wildcard subscriptions are disabled", NOT_AUTHORIZED)
-        denied = next((d for d in settings.deny_subscriptions if subsumes(d, topic_filter)), None)
+        denied = denied_by(settings.deny_subscriptions, topic_filter)
         if denied is not None:
             return Refusal(f"denied by broker.deny_subscriptions ({denied!r})", NOT_AUTHORIZED)
         rules = self.session.rules

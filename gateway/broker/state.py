@@ -60,7 +60,6 @@ class Connection:
         "aliases_out",
         "bridge",
         "client_id",
-        "close_reason",
         "dropped",
         "evicted",
         "generation",
@@ -174,7 +173,6 @@ class Connection:
         self.aliases_in = _NO_ALIASES_IN
         self.problem_info = True
         self.will: Will | None = None
-        self.close_reason: str | None = None
         #: True once a DISCONNECT 0x00 (or 3.1.1 DISCONNECT) arrived: no will.
         self.graceful = False
         #: QoS 0 messages dropped for this connection by the slow-consumer policy.
