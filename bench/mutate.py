@@ -23,7 +23,9 @@ import argparse
 import ast
 import difflib
 import fnmatch
+import math
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -297,6 +299,12 @@ class Score:
         caught = self.counts["killed"] + self.counts["timeout"]
         return caught / self.checked if self.checked else 0.0
 
+    @property
+    def margin(self) -> float:
+        """Half the 95 % interval of the score, were the checked mutants a sample."""
+        p, n = self.score, self.checked
+        return 1.96 * math.sqrt(p * (1 - p) / n) if n else 0.0
+
 
 #: Loaded by the scratch copy's test runs: a test that starts a gateway (or Mosquitto)
 #: process is skipped there. The process imports the code with every mutant off, so it
@@ -380,13 +388,48 @@ def _mutmut() -> str:
     return found
 
 
-def run(package: str, children: int, niceness: int) -> None:
+def _generated(package: str) -> list[str]:
+    """The names of every mutant mutmut generated for scope ``package`` (its meta files),
+    but those of files another scope judges."""
+    import json
+
+    scope = SCOPES[package]
+    mutants = WORK / package / "mutants"
+    names: list[str] = []
+    for meta in sorted(mutants.rglob("*.py.meta")):
+        name = meta.relative_to(mutants).as_posix().removesuffix(".meta")
+        if name in scope.elsewhere or not any(fnmatch.fnmatch(name, g) for g in scope.mutate):
+            continue
+        names.extend(json.loads(meta.read_text())["exit_code_by_key"])
+    return names
+
+
+def run(package: str, children: int, niceness: int, sample: int = 0, seed: int = 1) -> None:
+    """One mutmut run over scope ``package``: every mutant not checked since its code or
+    the scope's tests changed, or with ``sample`` only that many drawn at random (by
+    ``seed``) from all of them, checked again; the report then counts only those."""
     where = _copy(package, SCOPES[package])
     cmd = ["nice", "-n", str(niceness), _mutmut(), "run", "--max-children", str(children)]
+    chosen: list[str] = []
+    drawn = where / "sample.txt"
+    drawn.unlink(missing_ok=True)
+    if sample:
+        if not _generated(package):
+            # mutmut generates every mutant (and maps tests to functions), then finds
+            # none by this name to run: the names to draw from.
+            subprocess.run([*cmd, "no.such.mutant"], cwd=where, capture_output=True, check=False)
+        at_import = import_time(package)
+        names = [n for n in _generated(package) if n.rsplit("__mutmut_", 1)[0] not in at_import]
+        chosen = sorted(random.Random(seed).sample(names, min(sample, len(names))))
+        drawn.write_text("".join(f"{name}\n" for name in chosen))
     started = time.monotonic()
     print(f"mutate {package}: {' '.join(cmd)} in {where}", flush=True)
+    if chosen:
+        print(f"mutate {package}: {len(chosen)} mutants drawn (seed {seed})", flush=True)
     with open(where / "run.log", "wb") as log:
-        subprocess.run(cmd, cwd=where, stdout=log, stderr=subprocess.STDOUT, check=False)
+        subprocess.run(
+            [*cmd, *chosen], cwd=where, stdout=log, stderr=subprocess.STDOUT, check=False
+        )
     print(f"mutate {package}: {time.monotonic() - started:.0f} s", flush=True)
 
 
@@ -401,6 +444,8 @@ def results(package: str) -> tuple[list[Score], dict[str, list[str]]]:
     survivors: dict[str, list[str]] = {}
     globs = SCOPES[package].mutate
     at_import = import_time(package)
+    drawn = WORK / package / "sample.txt"
+    sample = set(drawn.read_text().split()) if drawn.exists() else None
     for meta in sorted(mutants.rglob("*.py.meta")):
         name = meta.relative_to(mutants).as_posix().removesuffix(".meta")
         if not any(fnmatch.fnmatch(name, glob) for glob in globs):
@@ -410,6 +455,8 @@ def results(package: str) -> tuple[list[Score], dict[str, list[str]]]:
         counts: Counter[str] = Counter()
         data = json.loads(meta.read_text())
         for key, code in data["exit_code_by_key"].items():
+            if sample is not None and key not in sample:
+                continue  # not drawn: an earlier run's verdict would bias the sample
             status = STATUS.get(code, f"exit {code}")
             if key.rsplit("__mutmut_", 1)[0] in at_import:
                 status = "import time"
@@ -452,11 +499,16 @@ def report(packages: list[str], diffs: bool) -> str:
         if not (WORK / package / "mutants").exists():
             continue
         scores, survivors = results(package)
+        sampled = (WORK / package / "sample.txt").exists()
+
+        def spread(score: Score, sampled: bool = sampled) -> str:
+            return f" ± {score.margin:.1%}" if sampled else ""
+
         for score in scores:
             c = score.counts
             rows.append(
                 f"| {score.module} | {score.checked} | {c['killed']} | {c['survived']} | "
-                f"{c['no tests']} | {c['timeout']} | {score.score:.1%} | "
+                f"{c['no tests']} | {c['timeout']} | {score.score:.1%}{spread(score)} | "
                 f"{c['not checked']} | {c['import time']} |"
             )
         if diffs:
@@ -486,11 +538,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--children", type=int, default=1, help="mutants run at once")
     parser.add_argument("--nice", type=int, default=10, help="niceness of the runs")
     parser.add_argument("--report-only", action="store_true", help="report the last runs")
+    parser.add_argument(
+        "--sample",
+        type=int,
+        default=0,
+        metavar="N",
+        help="check only N mutants drawn at random from each scope's (the score then "
+        "comes with its 95 %% interval): minutes instead of hours for a large scope",
+    )
+    parser.add_argument("--seed", type=int, default=1, help="which mutants --sample draws")
     args = parser.parse_args(argv)
     packages = args.packages or list(SCOPES)
     if not args.report_only:
         for package in packages:
-            run(package, args.children, args.nice)
+            run(package, args.children, args.nice, args.sample, args.seed)
     text = report(packages, diffs=True)
     WORK.mkdir(exist_ok=True)
     (WORK / "report.md").write_text(text)
