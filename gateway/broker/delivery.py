@@ -271,18 +271,25 @@ def resend_inflight(ctx: Context, session: Session, conn: Connection, now: float
             send(ctx, conn, PubRel(pid))
             continue
         msg = entry.message
-        parts = encode_for(ctx, conn, msg, entry.qos, entry.retain, entry.sub_ids, True, now)
-        if parts is None and not msg.expired(now):
+        parts: tuple[bytes, bytes] | None
+        if msg.expired(now):
+            # Expired while in flight: onward delivery had started, so it goes anyway
+            # with a zero expiry rather than break the QoS flow -- if it fits the
+            # client's Maximum Packet Size, which it may have lowered (MQTT-3.1.2-24).
+            parts = msg.encode(
+                conn.version, entry.qos, entry.retain, dup=True, sub_ids=entry.sub_ids, expiry=0
+            )
+            if conn.peer_max_packet is not None and not publish_fits(
+                ctx, conn, msg.topic, template_size(parts, entry.qos)
+            ):
+                parts = None
+        else:
+            parts = encode_for(ctx, conn, msg, entry.qos, entry.retain, entry.sub_ids, True, now)
+        if parts is None:
             del session.inflight[pid]
             if ctx.journal is not None:
                 ctx.journal.entry_done(session, entry)
             continue
-        if parts is None:
-            # Expired while in flight: onward delivery had started, so send it anyway
-            # with a zero expiry rather than break the QoS flow.
-            parts = msg.encode(
-                conn.version, entry.qos, entry.retain, dup=True, sub_ids=entry.sub_ids, expiry=0
-            )
         write_publish(ctx, conn, parts, pid)
 
 
@@ -304,4 +311,7 @@ def redispatch_shared(ctx: Context, entry: Outgoing, now: float) -> None:
         return
     session, sub = picked
     qos = min(entry.qos, sub.qos)
-    deliver(ctx, session, entry.message, qos, False, entry.sub_ids, entry.share, now)
+    # The receiving member's own Subscription Identifier (MQTT-3.3.4-3), not the
+    # one of the member that went away.
+    ident = sub.identifier
+    deliver(ctx, session, entry.message, qos, False, (ident,) if ident else (), entry.share, now)
