@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import queue
 import sqlite3
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gateway.broker.core import Broker
 from gateway.broker.journal import (
     AddEntry,
     ForgetMessage,
@@ -26,7 +24,6 @@ from gateway.broker.journal import (
     StoreMessage,
 )
 from gateway.mqtt import (
-    MQTT_5,
     MQTT_311,
     Disconnect,
     Properties,
@@ -36,78 +33,14 @@ from gateway.mqtt import (
     PubRec,
     PubRel,
     ReasonCode,
-    SubAck,
     Subscribe,
     SubscriptionRequest,
     Will,
 )
-from gateway.store.restore import restore
 from gateway.store.settings import StoreSettings
 from gateway.store.sqlite import FILENAME, NewerStore, Store, StoreError
-from tests.support.harness import FakeClient, Harness
-
-WALL = 1_700_000_000.0  # the wall clock while the test "runs"
-
-
-class Durable:
-    """A harness broker with a journal, committed by a real Store."""
-
-    def __init__(
-        self, directory: Path, store: StoreSettings | None = None, **settings: Any
-    ) -> None:
-        self.directory = directory
-        self.h = Harness(**settings)
-        self.store = Store(directory, store or StoreSettings(retry_interval=0.05))
-        snapshot = self.store.open()
-        restore(self.h.broker, snapshot, self.h.now, WALL)
-        self.events: queue.Queue[tuple[Callable[..., None], tuple[Any, ...]]] = queue.Queue()
-        self.failures: list[str] = []
-        #: What the store said about its room, in order (True: full).
-        self.fullness: list[bool] = []
-        self.store.start(
-            lambda fn, *args: self.events.put((fn, args)),
-            self.h.broker.batch_committed,
-            self.failures.append,
-            self.fullness.append,
-        )
-
-    @property
-    def broker(self) -> Broker:
-        return self.h.broker
-
-    def commit(self) -> None:
-        """Seal what the core journaled, wait for the writer, apply its callback."""
-        batch = self.broker.seal_batch()
-        if batch is None:
-            return
-        self.store.submit(batch[0], batch[1], WALL - self.h.now)
-        while True:
-            fn, args = self.events.get(timeout=10)
-            fn(*args)
-            if fn == self.broker.batch_committed and args[0] >= batch[0]:
-                return
-
-    def restart(self, downtime: float = 0.0) -> Durable:
-        """Stop (as a kill would: nothing more is written) and start a new broker."""
-        self.store.close()
-        again = Durable.__new__(Durable)
-        again.directory = self.directory
-        again.h = Harness()
-        again.h.now = self.h.now + downtime
-        again.store = Store(self.directory, StoreSettings(retry_interval=0.05))
-        snapshot = again.store.open()
-        restore(again.h.broker, snapshot, again.h.now, WALL + downtime)
-        again.events = queue.Queue()
-        again.failures = []
-        again.store.start(
-            lambda fn, *args: again.events.put((fn, args)),
-            again.h.broker.batch_committed,
-            again.failures.append,
-        )
-        return again
-
-    def close(self) -> None:
-        self.store.close()
+from tests.support.durable import Durable, persistent_sub, subscribe_stored
+from tests.support.harness import Harness
 
 
 @pytest.fixture
@@ -115,23 +48,6 @@ def durable(tmp_path: Path) -> Any:
     d = Durable(tmp_path)
     yield d
     d.store.close()
-
-
-def subscribe_stored(d: Durable, c: FakeClient, topic_filter: str, qos: int = 1) -> None:
-    """SUBSCRIBE for a persistent session: the SUBACK comes once the store committed."""
-    c.send(Subscribe(c.pid(), (SubscriptionRequest(topic_filter, qos),)))
-    assert c.take() == []
-    d.commit()
-    assert isinstance(c.expect(SubAck), SubAck)
-
-
-def persistent_sub(
-    d: Durable, client_id: str = "sub", qos: int = 2, version: int = MQTT_5
-) -> FakeClient:
-    c = d.h.client(version)
-    c.connect(client_id, clean_start=False, session_expiry_interval=3600)
-    subscribe_stored(d, c, "t/#", qos)
-    return c
 
 
 def test_puback_is_held_until_the_store_commits(durable: Durable) -> None:
