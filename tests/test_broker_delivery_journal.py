@@ -87,6 +87,16 @@ def broker_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
 # --------------------------------------------------------------- resumption
 
 
+def stored_subscriber(h: Harness, journal: Committed) -> FakeClient:
+    """Session "s" (kept 600 s) subscribed to ``t/#`` at QoS 1, its SUBACK after the commit."""
+    sub = h.client(MQTT_5)
+    sub.connect("s", clean_start=False, session_expiry_interval=600)
+    sub.send(Subscribe(sub.pid(), (SubscriptionRequest("t/#", 1),)))
+    journal.commit()
+    assert sub.expect(SubAck).reason_codes == (1,)
+    return sub
+
+
 def test_resumed_session_gets_pubrel_then_dup_publishes_with_retain_and_remaining_expiry() -> None:
     """Else a reconnecting client never completes a QoS 2 flow stuck at PUBREL, loses
     the messages behind it, sees a retained message lose its RETAIN flag, or gets a
@@ -124,11 +134,7 @@ def test_resumed_session_sends_expired_inflight_with_zero_expiry_and_leaves_out_
     or the messages after a left-out one are not re-sent at all."""
     h = Harness()
     journal = Committed(h)
-    sub = h.client(MQTT_5)
-    sub.connect("s", clean_start=False, session_expiry_interval=600)
-    sub.send(Subscribe(sub.pid(), (SubscriptionRequest("t/#", 1),)))
-    journal.commit()
-    assert sub.expect(SubAck).reason_codes == (1,)
+    sub = stored_subscriber(h, journal)
     pub = connected(h, "p")
     pub.send(Publish("t/big", b"B" * 200, 1, packet_id=pub.pid()))
     pub.send(
@@ -538,11 +544,7 @@ def test_an_expired_message_in_flight_above_a_lowered_maximum_packet_size_is_lef
     although it was sent."""
     h = Harness()
     journal = Committed(h)
-    sub = h.client(MQTT_5)
-    sub.connect("s", clean_start=False, session_expiry_interval=600)
-    sub.send(Subscribe(sub.pid(), (SubscriptionRequest("t/#", 1),)))
-    journal.commit()
-    assert sub.expect(SubAck).reason_codes == (1,)
+    sub = stored_subscriber(h, journal)
     pub = connected(h, "p")
     expiring = Properties(message_expiry_interval=10)
     pub.send(Publish("t/big", b"B" * 200, 1, packet_id=pub.pid(), properties=expiring))
