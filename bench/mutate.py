@@ -77,6 +77,7 @@ SCOPES: dict[str, Scope] = {
         ("gateway/mqtt/*",),
         (
             "tests/test_codec_vectors.py",
+            "tests/test_codec_edges.py",  # each packet's refusals, properties, wire, framer
             "tests/test_codec_fastpath.py",
             "tests/test_topics.py",
             "tests/test_subtree.py",
@@ -109,6 +110,13 @@ SCOPES: dict[str, Scope] = {
             "tests/test_subtree.py",
             "tests/test_mqttsn_gateway.py",  # the MQTT-SN clients' broker sessions (proxy.py)
             "tests/test_security_passwd.py",  # password files (auth.py)
+            "tests/test_broker_closing_logins.py",  # refusals, deadlines, logins, hashes
+            "tests/test_broker_sessions_sys.py",  # restored sessions, wills, ACL reload, $SYS
+            "tests/test_broker_proxy_local.py",  # MQTT-SN and in-process sessions, ACL files
+            "tests/test_broker_pool_core.py",  # slots, evictions, shutdown, timers, buckets
+            "tests/test_broker_delivery_journal.py",  # re-sends, shared groups, the journal
+            "tests/test_broker_publish_paths.py",  # PUBLISH in and out, gates, output
+            "tests/test_core_max_packet.py",  # what fits a client's Maximum Packet Size
         ),
         elsewhere=("gateway/broker/settings.py",),  # the config scope's
         deselect=(  # the store's watermarks and truncated file: the store scope's
@@ -187,6 +195,7 @@ SCOPES: dict[str, Scope] = {
         ("gateway/store/sqlite.py", "gateway/store/restore.py"),  # settings: in config
         (
             "tests/test_store.py",
+            "tests/test_store_rows.py",  # each op's rows, clock steps, meta, move aside
             "tests/test_bridge_units.py",  # the outbox's rows: paging, compaction, drops
             "tests/test_bridge_state.py",  # pages read back, a page that cannot be read
             "tests/test_bridge_sink.py",  # store batches of the outbox
