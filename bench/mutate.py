@@ -117,6 +117,7 @@ SCOPES: dict[str, Scope] = {
             "tests/test_broker_delivery_journal.py",  # re-sends, shared groups, the journal
             "tests/test_broker_publish_paths.py",  # PUBLISH in and out, gates, output
             "tests/test_core_max_packet.py",  # what fits a client's Maximum Packet Size
+            "tests/test_broker_remaining.py",  # No Local twice, queue drops, connect lines
         ),
         elsewhere=("gateway/broker/settings.py",),  # the config scope's
         deselect=(  # the store's watermarks and truncated file: the store scope's
