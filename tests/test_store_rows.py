@@ -118,6 +118,11 @@ class Writer:
         self.store.close()
 
 
+def store_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """What the store logged (a worker's earlier tests may leave other loggers on)."""
+    return [r.getMessage() for r in caplog.records if r.name == "ledge.store"]
+
+
 def reopen(directory: Path) -> Snapshot:
     """What the next start of the gateway reads."""
     store = Store(directory)
@@ -407,7 +412,7 @@ def test_stopping_while_the_disk_is_full_logs_what_was_lost(
     assert w.failures.get(timeout=10) == "database or disk is full"
     with caplog.at_level(logging.ERROR, logger="ledge.store"):
         w.close()
-    assert [r.getMessage() for r in caplog.records] == [
+    assert store_lines(caplog) == [
         "store: stopping with changes it could not write: database or disk is full"
     ]
     assert w.committed.empty()
@@ -495,7 +500,7 @@ def test_corrupt_store_moved_aside_under_a_dated_name_and_said_in_the_log(
     stamp = time.mktime(time.strptime(match.group(1), "%Y%m%dT%H%M%S"))
     assert int(before) - 1 <= stamp <= after
     assert aside.read_bytes() == b"garbage" * 1000
-    assert [r.getMessage() for r in caplog.records] == [
+    assert store_lines(caplog) == [
         f"store {path} is unreadable (file is not a database): moved aside to {aside}; "
         "starting with an empty store -- sessions, queued and retained messages are NOT "
         "restored"
@@ -539,15 +544,13 @@ def test_a_version_1_store_is_migrated_keeping_its_sessions(
         assert [r[0] for r in w.store.read_outbox("cloud", 1, 5)] == [1]
     finally:
         w.close()
-    assert [r.getMessage() for r in caplog.records] == [
-        f"store {tmp_path / FILENAME} migrated from schema 1 to 2"
-    ]
+    assert store_lines(caplog) == [f"store {tmp_path / FILENAME} migrated from schema 1 to 2"]
     assert rows(tmp_path, "PRAGMA user_version") == [(2,)]
     caplog.clear()
     fresh = tmp_path / "fresh"
     with caplog.at_level(logging.INFO, logger="ledge.store"):
         reopen(fresh)
-    assert caplog.records == []
+    assert store_lines(caplog) == []
     assert rows(fresh, "PRAGMA user_version") == [(2,)]
 
 
@@ -717,7 +720,7 @@ def test_restart_log_counts_what_was_restored(
     with caplog.at_level(logging.INFO, logger="ledge.store"):
         later = d.restart()
     later.close()
-    assert [r.getMessage() for r in caplog.records] == [
+    assert store_lines(caplog) == [
         "restored 2 session(s), 4 subscription(s), 3 queued and 1 in-flight message(s), "
         "5 retained message(s)"
     ]
@@ -731,7 +734,7 @@ def test_restart_log_counts_what_was_restored(
     with caplog.at_level(logging.INFO, logger="ledge.store"):
         again = r.restart()
     again.close()
-    assert [rec.getMessage() for rec in caplog.records] == [
+    assert store_lines(caplog) == [
         "restored 0 session(s), 0 subscription(s), 0 queued and 0 in-flight message(s), "
         "1 retained message(s)"
     ]
