@@ -296,6 +296,28 @@ def test_subscription_refusals_and_acl_grants_are_logged_with_client_and_filter(
     ]
 
 
+def test_retained_messages_after_one_held_back_still_arrive() -> None:
+    """Broken (the retained messages stop at the first one the ACL or No Local holds
+    back), a new subscriber would miss every retained message after it."""
+    h = Harness()
+    own = connected(h, "s")
+    pub = connected(h, "pub")
+    pub.publish("t/secret1", b"x", retain=True)
+    pub.publish("t/ok1", b"1", retain=True)
+    own.publish("t/own", b"mine", retain=True)
+    pub.publish("t/ok2", b"2", retain=True)
+    pub.publish("t/secret2", b"y", retain=True)
+    pub.publish("t/ok3", b"3", retain=True)
+    own.drop()
+    h.broker.acl = parse_acl_file(
+        "topic read t/ok1\ntopic read t/ok2\ntopic read t/ok3\ntopic read t/own\n"
+    )
+    s = connected(h, "s")
+    s.subscribe("t/#", no_local=True)
+    got = sorted((topic, payload) for topic, payload, *_ in messages(s))
+    assert got == [("t/ok1", b"1"), ("t/ok2", b"2"), ("t/ok3", b"3")]
+
+
 def test_a_resubscription_replaces_the_old_qos() -> None:
     """Broken, lowering a subscription's QoS would keep delivering at the old one."""
     h = Harness()
