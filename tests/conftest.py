@@ -213,7 +213,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if any(item.get_closest_marker("image") for item in session.items):
         from tests.support import imagebuild
 
-        imagebuild.start()  # once per run, whichever worker collects first
+        # Once per run, by scripts/test or whichever worker collects first.
+        imagebuild.start(again=any(item.get_closest_marker("rebuild") for item in session.items))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -185,8 +185,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
         shutil.copytree(base, out, ignore=shutil.ignore_patterns("ledge-*.whl"))
         build_wheel(version, out, work, broken)
         wheels[version] = out
-    xz = imagebuild.wait(BUILD_TIMEOUT)
-    card = SdCard.flash(xz, work / "card.img")
+    image = imagebuild.wait(BUILD_TIMEOUT)
+    card = SdCard.flash(image, work / "card.img")
     key, public = ssh_keypair(work)
     card.boot.write("authorized_keys", public + "\n")
     vm = Vm(card, work, {"mqtt": 1883, "ssh": 22})

@@ -52,21 +52,21 @@ class Device:
     card: SdCard
     vm: Vm
     key: Path
-    xz: Path
+    image: Path
 
 
 @pytest.fixture(scope="module")
 def device(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Device]:
-    xz = imagebuild.wait(BUILD_TIMEOUT)
+    image = imagebuild.wait(BUILD_TIMEOUT)
     work = tmp_path_factory.mktemp("update-card")
-    card = SdCard.flash(xz, work / "card.img")
+    card = SdCard.flash(image, work / "card.img")
     os.truncate(card.path, card.path.stat().st_size + 512 * 1024 * 1024)
     key, public = ssh_keypair(work)
     card.boot.write("ledge.toml", CONFIG)
     card.boot.write("authorized_keys", public + "\n")
     vm = Vm(card, work, {"mqtt": MQTT_PORT, "ssh": 22})
     with vm:
-        yield Device(card, vm, key, xz)
+        yield Device(card, vm, key, image)
 
 
 def delivered(vm: Vm, count: int) -> list[bytes]:
@@ -98,7 +98,7 @@ def test_first_boot_takes_acknowledged_messages(device: Device) -> None:
 
 def test_the_release_bundle_is_kept(device: Device) -> None:
     vm, key = device.vm, device.key
-    update.push(vm, key, update.bundle_of(device.xz), "/data/release.raucb")
+    update.push(vm, key, update.bundle_of(device.image), "/data/release.raucb")
     done = update.ledge_update(vm, key, "/data/release.raucb")
     assert "installed into slot B" in done.stderr, done.stdout + done.stderr
     update.reboot_into_trial(vm, "mqtt", key, BOOT_TIMEOUT)
@@ -164,7 +164,7 @@ def test_a_system_whose_gateway_cannot_start_is_given_up_and_stops_the_rollout(
 ) -> None:
     vm, key = device.vm, device.key
     signing_key, cert = update.development_key()
-    broken = update.broken_bundle(update.bundle_of(device.xz), tmp_path, signing_key, cert)
+    broken = update.broken_bundle(update.bundle_of(device.image), tmp_path, signing_key, cert)
     boots = len(vm.choices)
     started = time.monotonic()
     with PowerSupply(vm) as power:

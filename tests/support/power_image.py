@@ -135,9 +135,9 @@ class ImageTarget:
     answer_timeout: float = 120.0
     label = 'the SD-card image in QEMU, durability "power"'
 
-    def __init__(self, directory: Path, upstream_port: int, xz: Path) -> None:
+    def __init__(self, directory: Path, upstream_port: int, image: Path) -> None:
         self.directory = directory
-        self.card = SdCard.flash(xz, directory / "card.img")
+        self.card = SdCard.flash(image, directory / "card.img")
         # A card bigger than the image, as in the image tests: the root grows at first boot.
         os.truncate(self.card.path, self.card.path.stat().st_size + 512 * 1024 * 1024)
         self.card.boot.write("ledge.toml", config(upstream_port))
@@ -180,7 +180,9 @@ class ImageTarget:
         self.disk.close()
 
 
-def run(cuts: int, directory: Path, xz: Path, seed: int | None, settle: float) -> power.PowerReport:
+def run(
+    cuts: int, directory: Path, image: Path, seed: int | None, settle: float
+) -> power.PowerReport:
     return power.run(
         cuts,
         directory,
@@ -188,7 +190,7 @@ def run(cuts: int, directory: Path, xz: Path, seed: int | None, settle: float) -
         settle=settle,
         progress=True,
         every=1,
-        target=lambda where, upstream: ImageTarget(where, upstream, xz),
+        target=lambda where, upstream: ImageTarget(where, upstream, image),
     )
 
 
@@ -199,7 +201,7 @@ def main() -> int:
     parser.add_argument(
         "--image",
         type=Path,
-        help="the .img.xz to flash (default: $LEDGE_IMAGE, else image/build builds one)",
+        help="the .img.xz (or .img) to flash (default: $LEDGE_IMAGE, else image/build builds one)",
     )
     parser.add_argument("--keep", type=Path, help="work in this directory and keep it")
     parser.add_argument(
@@ -209,10 +211,10 @@ def main() -> int:
     faulthandler.register(signal.SIGUSR1)
     if args.image is None and imagebuild.prebuilt() is None:
         print(f"building the image (image/build, log {imagebuild.LOG}) ...", flush=True)
-    xz = args.image or imagebuild.wait(45 * 60)
+    image = args.image or imagebuild.wait(45 * 60)
     seed = args.seed if args.seed is not None else random.randrange(2**32)
-    print(f"image {xz}\nseed {seed}", flush=True)
-    return power.report_on(args.keep, lambda where: run(args.cuts, where, xz, seed, args.settle))
+    print(f"image {image}\nseed {seed}", flush=True)
+    return power.report_on(args.keep, lambda where: run(args.cuts, where, image, seed, args.settle))
 
 
 if __name__ == "__main__":

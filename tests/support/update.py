@@ -20,9 +20,9 @@ COMPATIBLE = "ledge-raspberrypi-arm64"
 COMMIT_TIMEOUT = 900.0
 
 
-def bundle_of(xz: Path) -> Path:
-    """The update bundle ``image/build`` made beside the image ``xz``."""
-    bundle = xz.parent / xz.name.replace(".img.xz", ".raucb")
+def bundle_of(image: Path) -> Path:
+    """The update bundle ``image/build`` made beside ``image`` (``.img.xz`` or ``.img``)."""
+    bundle = image.parent / (image.name.removesuffix(".xz").removesuffix(".img") + ".raucb")
     assert bundle.is_file(), f"{bundle}: image/build makes the bundle beside the image"
     return bundle
 

@@ -3,9 +3,9 @@
 Reusable by any test that needs a real gateway (the image's boot test, the Ansible
 role's tests):
 
-- ``SdCard``: a writable copy of the image (from the ``.img.xz`` a user downloads, its
-  sha256 checked), optionally bigger than the image like a real card, and its boot
-  partition written and read with mtools as a laptop would;
+- ``SdCard``: a writable copy of the image (from the ``.img.xz`` a user downloads or
+  the ``.img`` the test run's build kept, its sha256 checked), optionally bigger than
+  the image like a real card, and its boot partition written and read with mtools as a laptop would;
 - ``Vm``: ``qemu-system-aarch64 -M virt -cpu cortex-a72`` (TCG), the card as a virtio
   disk, the kernel, initrd and command line chosen from the boot partition as the Pi
   firmware chooses them (``firmware_choice``: ``config.txt``, or ``tryboot.txt`` once
@@ -19,6 +19,7 @@ role's tests):
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import lzma
 import os
@@ -67,23 +68,29 @@ def ssh_keypair(directory: Path, name: str = "id_ed25519") -> tuple[Path, str]:
     return key, (directory / f"{name}.pub").read_text().strip()
 
 
-def verify_and_decompress(xz: Path, target: Path) -> None:
-    """Check ``xz`` against its ``.sha256`` file (as a user would), then decompress it,
-    keeping runs of zeros as holes."""
-    expected = (xz.parent / f"{xz.name}.sha256").read_text().split()[0]
+def verify_and_write(image: Path, target: Path) -> None:
+    """Check ``image`` (a released ``.img.xz``, or the ``.img`` a build kept) against its
+    ``.sha256`` file, as a user would, then write it out onto ``target``, keeping runs of
+    zeros as holes."""
+    expected = (image.parent / f"{image.name}.sha256").read_text().split()[0]
     digest = hashlib.sha256()
-    with xz.open("rb") as f:
+    with image.open("rb") as f:
         while chunk := f.read(1 << 20):
             digest.update(chunk)
-    assert digest.hexdigest() == expected, f"{xz}: sha256 does not match {xz.name}.sha256"
+    assert digest.hexdigest() == expected, f"{image}: sha256 does not match {image.name}.sha256"
     zero = bytes(1 << 20)
-    with lzma.open(xz) as src, target.open("wb") as dst:
+    with _read(image) as src, target.open("wb") as dst:
         while chunk := src.read(1 << 20):
             if chunk == zero[: len(chunk)]:
                 dst.seek(len(chunk), os.SEEK_CUR)
             else:
                 dst.write(chunk)
         dst.truncate()
+
+
+def _read(image: Path) -> io.BufferedIOBase:
+    """The image's bytes, decompressed if it is an ``.xz``."""
+    return lzma.open(image) if image.name.endswith(".xz") else image.open("rb")
 
 
 @dataclass
@@ -177,10 +184,10 @@ class SdCard:
     path: Path
 
     @classmethod
-    def flash(cls, xz: Path, target: Path, size_mib: int | None = None) -> SdCard:
-        """Decompress the released ``.img.xz`` onto ``target``; a ``size_mib`` larger
-        than the image stands for a bigger card (the image grows into it)."""
-        verify_and_decompress(xz, target)
+    def flash(cls, image: Path, target: Path, size_mib: int | None = None) -> SdCard:
+        """Write the image (``.img.xz`` or ``.img``) onto ``target``; a ``size_mib``
+        larger than the image stands for a bigger card (the image grows into it)."""
+        verify_and_write(image, target)
         if size_mib is not None:
             assert size_mib * 1024 * 1024 >= target.stat().st_size
             os.truncate(target, size_mib * 1024 * 1024)
