@@ -239,6 +239,9 @@ class Vm:
     #: A hardware watchdog for systemd to arm (``-device i6300esb``: when it fires, the
     #: machine resets, and with ``-no-reboot`` QEMU exits).
     watchdog: bool = True
+    #: Niceness of QEMU: a VM's boots are the longest path of a test run, ahead of the
+    #: other tests for the CPU (a higher priority needs root; otherwise it runs as is).
+    nice: int = -5
     #: The loopback port of each guest port, kept from one boot to the next (clients
     #: reconnect to the same address, as on a LAN).
     ports: dict[str, int] = field(default_factory=dict)
@@ -269,6 +272,7 @@ class Vm:
         self.boots += 1
         self.console = self.workdir / f"console-{self.boots}.log"
         cmd = [
+            "nice", "-n", str(self.nice),
             QEMU,
             "-M", "virt",
             "-cpu", "cortex-a72",  # -cpu max emulates pointer authentication: twice as slow
