@@ -41,11 +41,14 @@ class Background:
     """One ``image/build`` run in the background: its log, and the exit status it
     writes into a file when it ends (whichever process then waits for it)."""
 
-    def __init__(self, name: str, out: Path, *options: str, nice: int = 0) -> None:
+    def __init__(
+        self, name: str, out: Path, *options: str, nice: int = 0, work: Path = OUT
+    ) -> None:
         self.out = out
-        self.log = OUT / f"{name}.log"
-        self.status = OUT / f"{name}.status"
-        self.pid = OUT / f"{name}.pid"
+        self.work = work  # where its log, status and pid files are
+        self.log = work / f"{name}.log"
+        self.status = work / f"{name}.status"
+        self.pid = work / f"{name}.pid"
         self.command = [
             *(("nice", "-n", str(nice)) if nice else ()),
             str(REPO / "image" / "build"),
@@ -63,7 +66,7 @@ class Background:
             old.unlink()  # never test an image left over from an earlier build
 
     def launch(self) -> None:
-        OUT.mkdir(parents=True, exist_ok=True)
+        self.work.mkdir(parents=True, exist_ok=True)
         self.forget()
         script = '"$@"; echo $? > "$STATUS.tmp"; mv "$STATUS.tmp" "$STATUS"'
         with self.log.open("wb") as log:
@@ -87,6 +90,8 @@ class Background:
                     f"image/build did not finish within {timeout} s; see {self.log}"
                 )
             time.sleep(1.0)  # a build of many minutes, polled from another process
+        if self.proc is not None:  # started here: reaped here (it writes the status last)
+            self.proc.wait(timeout=60)
         rc = int(self.status.read_text().strip() or "1")
         if rc != 0:
             tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-40:])
@@ -99,14 +104,22 @@ class Background:
             pid = int(self.pid.read_text())
         except (FileNotFoundError, ValueError):
             return
-        if not self.status.exists():
+        try:  # the pid of a build an earlier run left, since taken by another process?
+            ours = "image/build" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+        except OSError:
+            ours = False
+        if ours and not self.status.exists():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGTERM)
                 deadline = time.monotonic() + 60
                 while time.monotonic() < deadline:
+                    if self.proc is not None:
+                        self.proc.poll()  # started here: reaped here, or it stays a zombie
                     os.killpg(pid, 0)  # raises once the group is gone
                     time.sleep(0.2)
                 os.killpg(pid, signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait()
         self.pid.unlink(missing_ok=True)
 
 
