@@ -148,18 +148,22 @@ class SerialPort:
     # ------------------------------------------------------------------ downlink
 
     def write(self, data: bytes) -> int:
-        """Write to the device; raises OSError when it is not there or refuses."""
+        """Write what the device takes now, without waiting (the event loop must not):
+        the bytes written, fewer than given when its buffer fills. Raises OSError when
+        it takes none (flow control held, the buffer full) or is not there.
+
+        Not through pyserial's ``write``: with ``write_timeout=0`` it retries a full
+        buffer in a loop that never ends, and the whole gateway with it."""
         port = self.port
         if port is None:
             raise OSError(f"{self.name} is not connected")
         try:
-            written = port.write(data)
-        except serial.SerialTimeoutException:
+            return os.write(port.fileno(), data)  # the port is opened non-blocking
+        except BlockingIOError:
             raise OSError(f"{self.name}: the device is not taking data") from None
-        except serial.SerialException as exc:
+        except OSError as exc:
             self._close(f"write failed: {_reason(exc)}")
             raise OSError(f"{self.name}: write failed: {_reason(exc)}") from None
-        return int(written or 0)
 
 
 def _reason(exc: BaseException) -> str:

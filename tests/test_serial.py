@@ -435,3 +435,112 @@ def test_a_port_in_process_hands_on_every_byte_and_says_each_change_once(
     assert waits[:4] == [0.6, 1.2, 2.4, 4.8]  # 0.5, 1, 2, 4 s, each at most a fifth longer
     assert set(spreads) == {(0.8, 1.2)}
     device.close()
+
+
+_real_sleep = asyncio.sleep
+
+
+async def _yield_only(delay: float, result: Any = None) -> Any:
+    """The driver's backoff, not waited for: the loop turns once."""
+    return await _real_sleep(0, result)
+
+
+def test_a_write_to_a_device_gone_away_says_write_failed_once_with_the_systems_reason(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command written as the device goes away: pyserial reports EIO as "write failed:
+    [Errno 5] ...". The error (the command's result and its log line) names the port,
+    says the write failed once, not twice, and ends with the system's reason; the port
+    is closed with that reason and the unplug told once."""
+    device = FakeDevice(tmp_path / "by-id")
+    states: list[bool] = []
+    changed = asyncio.Event()
+
+    def on_state(up: bool) -> None:
+        states.append(up)
+        changed.set()
+
+    port = drivers.serial.SerialPort(
+        "line", drivers.serial.PortSettings(str(device.link)), lambda data: None, on_state
+    )
+    failures: list[str] = []
+
+    async def until(done: Any) -> None:
+        while not done():
+            changed.clear()
+            await asyncio.wait_for(changed.wait(), 5)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(port.run())
+        await until(lambda: states == [True])
+        monkeypatch.setattr("drivers.serial.asyncio.sleep", _yield_only)
+        device.unplug()  # the write comes before the event loop sees the hang-up
+        with pytest.raises(OSError) as failed:
+            port.write(b"ON 3\n")
+        failures.append(str(failed.value))
+        await until(lambda: states == [True, False])
+        assert port.port is None and not port.connected
+        port.stop()
+        await asyncio.wait_for(task, 5)
+
+    with caplog.at_level("WARNING", logger="ledge.drivers.serial"):
+        asyncio.run(scenario())
+    [message] = failures
+    assert message.startswith("line: write failed: ") and message.count("failed") == 1, message
+    assert message.endswith("Input/output error"), message
+    [closed] = [r.getMessage() for r in caplog.records if "disconnected from" in r.getMessage()]
+    assert closed == f"line: disconnected from {device.link} ({message.removeprefix('line: ')})"
+    device.close()
+
+
+def test_a_device_not_taking_data_fails_the_write_at_once_and_stays_connected(
+    tmp_path: Path,
+) -> None:
+    """A device that reads nothing more (flow control held, its buffer full) is not
+    gone: writes take what fits, then fail at once with the port's name and why, and
+    the port stays open for the readings still coming. Broken (pyserial's own write
+    with no write timeout), the first write into a full buffer never returned, and the
+    gateway's event loop, broker included, stopped with it."""
+    device = FakeDevice(tmp_path / "by-id")
+    states: list[bool] = []
+    chunks: list[bytes] = []
+    changed = asyncio.Event()
+
+    def on_state(up: bool) -> None:
+        states.append(up)
+        changed.set()
+
+    def on_data(data: bytes) -> None:
+        chunks.append(data)
+        changed.set()
+
+    port = drivers.serial.SerialPort(
+        "line", drivers.serial.PortSettings(str(device.link)), on_data, on_state
+    )
+
+    async def until(done: Any) -> None:
+        while not done():
+            changed.clear()
+            await asyncio.wait_for(changed.wait(), 5)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(port.run())
+        await until(lambda: states == [True])
+        command = b"X" * 999 + b"\n"
+        taken = 0
+        with pytest.raises(OSError, match=r"^line: the device is not taking data$"):
+            for _ in range(10_000):  # a pty holds a few kilobytes: full long before
+                written = port.write(command)
+                assert 0 < written <= len(command)
+                taken += written
+        assert taken >= len(command), "not even one command went out"
+        assert port.connected and port.port is not None
+        assert device.receive(len(command)) == command  # what was taken is there, whole
+        device.send(b"t=1\n")
+        await until(lambda: chunks == [b"t=1\n"])
+        port.stop()
+        await asyncio.wait_for(task, 5)
+
+    asyncio.run(scenario())
+    assert states == [True, False]  # closed by the stop only
+    device.close()
