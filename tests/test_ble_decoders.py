@@ -18,10 +18,21 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from drivers.parsers.ble import FORMATS, bthome, mibeacon, pvvx, recognise, ruuvi, switchbot
+from drivers.parsers.ble import (
+    FORMATS,
+    beacons,
+    bthome,
+    govee,
+    mibeacon,
+    pvvx,
+    recognise,
+    ruuvi,
+    switchbot,
+)
 from drivers.parsers.ble.base import AdvertError, Context, Decoded, mac_bytes, uuid16
-from drivers.parsers.ble.ccm import Cipher, encrypt_block, expand_key
+from drivers.parsers.ble.ccm import Cipher, encrypt_block, expand_key, parse_key
 from drivers.parsers.ble.gatt import parse_value
+from tests.support.adverts import refusal
 from tests.support.reference import REFERENCES
 
 VECTORS: list[dict[str, Any]] = json.loads(
@@ -423,6 +434,91 @@ def test_generated_switchbot_agrees_with_pyswitchbot(
     )
 
 
+# ---------------------------------------------------------------- units, refusals, encoders
+
+
+def samples(decoded: Decoded) -> list[tuple[str, Any, str]]:
+    return [(s.field, s.value, s.unit) for s in decoded.samples]
+
+
+EDDYSTONE_NAMESPACE = bytes.fromhex("edd1ebeac04e5defa017")
+EDDYSTONE_INSTANCE = bytes.fromhex("0123456789ab")
+
+
+def test_an_eddystone_tlm_frame_gives_each_value_in_its_unit() -> None:
+    """TLM (google/eddystone, eddystone-tlm): battery in mV, temperature in 8.8 fixed
+    point, an advert count, the time since power-on in 0.1 s, published in V, °C and s
+    (the vectors check the numbers only). A unit written wrong reaches Home Assistant
+    and every subscriber as another quantity, or none."""
+    data = bytes.fromhex("20000bb817800000006400000bb8")  # 3000 mV, 23.5 °C, 100, 300 s
+    assert samples(beacons.decode_eddystone(data, Context(ADDRESS))) == [
+        ("voltage", 3.0, "V"),
+        ("temperature", 23.5, "°C"),
+        ("advert_count", 100, ""),
+        ("uptime", 300.0, "s"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("hex_data", "expected"),
+    [
+        ("20000bb817800000006400000b", ("short", "TLM frame of 13 bytes, needs 14", 13)),
+        ("05ec", ("unsupported", "Eddystone frame type 0x05", 0)),
+    ],
+)
+def test_each_eddystone_refusal_names_its_reason_text_and_byte(
+    hex_data: str, expected: tuple[str, str, int]
+) -> None:
+    """What the device's log line and its count by reason say of a frame not read."""
+    data = bytes.fromhex(hex_data)
+    assert refusal(lambda: beacons.decode_eddystone(data, Context(ADDRESS))) == expected
+
+
+def test_the_eddystone_uid_encoder_writes_the_tx_power_as_a_signed_byte() -> None:
+    """``encode_eddystone_uid`` (the beacons the tests make) lays a UID frame out as the
+    specification does: type 0x00, the tx power at 0 m as an int8, the namespace, the
+    instance, two reserved zero bytes. Its power comes back, below zero too."""
+    frame = beacons.encode_eddystone_uid(EDDYSTONE_NAMESPACE, EDDYSTONE_INSTANCE, -20)
+    assert frame == bytes.fromhex("00ecedd1ebeac04e5defa0170123456789ab0000")  # the vector
+    for power in (-100, -1, 0, 4, 20):
+        data = beacons.encode_eddystone_uid(EDDYSTONE_NAMESPACE, EDDYSTONE_INSTANCE, power)
+        assert data[1] == power & 0xFF
+        decoded = beacons.decode_eddystone(data, Context(ADDRESS))
+        assert samples(decoded) == [("tx_power", power, "dBm")]
+        assert decoded.identity == "edd1ebeac04e5defa017/0123456789ab"
+
+
+def test_govee_values_carry_their_units_in_every_layout() -> None:
+    """Real adverts captured in govee-ble's tests (tests/test_parser.py: GVH5075,
+    GVH5074, GVH5179 service infos), one per layout; each value with its unit."""
+    h5075 = bytes.fromhex("000341c26400")
+    assert samples(govee.decode(h5075, Context(ADDRESS, company_id=0xEC88))) == [
+        ("temperature", 21.3, "°C"),
+        ("humidity", 44.2, "%"),
+        ("battery", 100, "%"),
+    ]
+    h5074 = bytes.fromhex("00e609bc126402")  # int16 LE 2534, uint16 LE 4796, 100 %
+    assert samples(govee.decode(h5074, Context(ADDRESS, company_id=0xEC88))) == [
+        ("temperature", 25.34, "°C"),
+        ("humidity", 47.96, "%"),
+        ("battery", 100, "%"),
+    ]
+    h5179 = bytes.fromhex("ec0001010a0aa40664")  # at byte 4: 2570, 1700, 100 %
+    assert samples(govee.decode(h5179, Context(ADDRESS, company_id=0x8801))) == [
+        ("temperature", 25.7, "°C"),
+        ("humidity", 17.0, "%"),
+        ("battery", 100, "%"),
+    ]
+
+
+def test_the_h5075_encoder_sends_what_the_sensor_sends() -> None:
+    """``encode_h5075`` (the fake H5075 of the gateway tests) reproduces adverts of real
+    H5075s byte for byte (govee-ble's GVH5075 captures), the last byte zero as theirs."""
+    assert govee.encode_h5075(21.3, 44.2, 100) == bytes.fromhex("000341c26400")
+    assert govee.encode_h5075(21.6, 49.8, 100) == bytes.fromhex("00034db26400")
+    assert govee.encode_h5075(20.0, 64.9, 53) == bytes.fromhex("00030fc93500")
+
+
 # ---------------------------------------------------------------- hostile bytes
 
 
@@ -546,3 +642,30 @@ def test_aes_ccm_agrees_with_the_cryptography_package(
     cipher = Cipher(key, tag_length)
     assert cipher.seal(nonce, plain, associated) == theirs
     assert cipher.open(nonce, theirs, associated) == plain
+
+
+def test_a_nonce_of_14_bytes_or_6_is_refused() -> None:
+    """CCM's nonce is 15 - L bytes, its length field L 2 to 8 bytes (NIST SP 800-38C
+    A.1, RFC 3610 section 2): 7 to 13 bytes. A 14-byte nonce would leave a one-byte
+    length field that neither standard (nor OpenSSL) accepts: refused, not sealed."""
+    cipher = Cipher(bytes(range(16)))
+    for n in (6, 14):
+        with pytest.raises(ValueError, match=f"^a CCM nonce is 7 to 13 bytes, not {n}$"):
+            cipher.seal(bytes(n), b"plain", None)
+        with pytest.raises(ValueError, match=f"^a CCM nonce is 7 to 13 bytes, not {n}$"):
+            cipher.open(bytes(n), bytes(9), None)
+    for n in (7, 13):
+        assert cipher.open(bytes(n), cipher.seal(bytes(n), b"plain", None), None) == b"plain"
+
+
+def test_a_bindkey_is_read_with_colons_spaces_or_capitals() -> None:
+    """A bindkey pasted as tools print it (hex pairs split by colons or spaces, in
+    capitals, with blanks around) is the same key as its 32 bare digits."""
+    key = bytes.fromhex("231d39c1d7cc1ab1aee224cd096db932")
+    for text in (
+        "231d39c1d7cc1ab1aee224cd096db932",
+        "23:1d:39:c1:d7:cc:1a:b1:ae:e2:24:cd:09:6d:b9:32",
+        "23 1D 39 C1 D7 CC 1A B1 AE E2 24 CD 09 6D B9 32",
+        "  231D39C1D7CC1AB1AEE224CD096DB932\n",
+    ):
+        assert parse_key(text) == key, text

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import pytest
+from bleak import BleakClient
 from bleak.exc import BleakError
 
 from drivers.ble import gatt
@@ -211,6 +212,67 @@ def test_failed_sessions_back_off_doubling_to_the_maximum_then_start_again_from_
     assert told.events[5:9] == [
         ("state", True), ("value", BATTERY, b"\x5a"), ("state", False), told.events[0]
     ]  # fmt: skip
+
+
+def test_each_backoff_pause_is_the_delay_give_or_take_a_fifth(
+    bluez: FakeBlueZ, pico: Peripheral, paused: Paused, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pause after a failed session is the backoff delay jittered by at most a fifth
+    either way (devices failing together do not all retry at the same instant): at the
+    jitter's top 1.2 times the delay, at its bottom 0.8 times. Jittered the wrong way, a
+    gateway would hammer a failing device or leave a working one unread for longer."""
+    bluez.fail_method(pico.device, "org.bluez.Device1", "Connect", "", "", "org.bluez.Error.Failed")
+    spreads: list[tuple[float, float]] = []
+    for end, expected in ((1, [1.2, 2.4, 4.8]), (0, [0.8, 1.6, 3.2])):
+
+        def jitter(low: float, high: float, end: int = end) -> float:
+            spreads.append((low, high))
+            return (low, high)[end]
+
+        monkeypatch.setattr("drivers.ble.gatt.random.uniform", jitter)
+        paused.slept.clear()
+        told = Told()
+        d = device(told, Settings(characteristics=(Char(BATTERY, "read"),)))
+
+        async def story(d: GattDevice = d) -> None:
+            task = asyncio.create_task(d.run())
+            await async_wait_for(lambda: len(paused.slept) >= 3, 15, "three failed sessions")
+            await stopped(d, task)
+
+        run(story)
+        assert [round(s, 6) for s in paused.slept[:3]] == expected  # delays 1, 2, 4 s
+        assert [e[:2] for e in told.events[:3]] == [("error", "gatt_error")] * 3
+    assert set(spreads) == {(0.8, 1.2)}
+
+
+class Recorded(BleakClient):
+    """bleak's real client, remembering the timeout it was made with."""
+
+    timeouts: list[float] = []
+
+    def __init__(self, *args: Any, timeout: float = 30.0, **kwargs: Any) -> None:
+        Recorded.timeouts.append(timeout)
+        super().__init__(*args, timeout=timeout, **kwargs)
+
+
+def test_the_configured_timeout_is_bleaks_connect_timeout_too(
+    bluez: FakeBlueZ, pico: Peripheral, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bleak gives up a connection (and the scan for a device known by its address only)
+    after its own timeout, 30 s unless told: a gateway configured with a longer
+    ``gatt_timeout`` for a slow device must get that long from bleak, not 30 s."""
+    Recorded.timeouts = []
+    monkeypatch.setattr(gatt, "BleakClient", Recorded)
+    told = Told()
+    d = device(told, timeout=45.0)
+
+    async def story() -> None:
+        assert await d.write(b"\x01") == 1
+
+    run(story)
+    assert Recorded.timeouts == [45.0]
+    assert told.events == [("state", True), ("state", False)]
+    assert bluez.writes(pico.rx) == [b"\x01"]
 
 
 def test_kept_connected_it_reads_every_poll_interval_and_reconnects_when_the_link_drops(

@@ -189,6 +189,25 @@ def test_a_malformed_bindkey_is_refused_before_scanning(
     assert "StartDiscovery" not in bluez.calls("/org/bluez/hci0")
 
 
+def test_without_options_it_scans_hci0_for_ten_seconds(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ledge ble scan`` alone scans the first adapter for 10 s, as its help says, and
+    the table's last line says how long it listened."""
+    asked: list[tuple[str, float]] = []
+
+    async def scanned(adapter: str, seconds: float) -> dict[str, scan.Seen]:
+        asked.append((adapter, seconds))
+        return {}
+
+    monkeypatch.setattr(scan, "scan", scanned)
+    parser = argparse.ArgumentParser(prog="ledge ble")
+    scan.add_parser(parser.add_subparsers(dest="command"))
+    assert scan.run(parser.parse_args(["scan"])) == 0
+    assert asked == [("hci0", 10.0)]
+    assert capsys.readouterr().out.splitlines()[-1] == "0 device(s) in 10 s"
+
+
 def test_an_adapter_that_is_not_there_is_named_in_the_error(
     bluez: FakeBlueZ, capsys: pytest.CaptureFixture[str]
 ) -> None:

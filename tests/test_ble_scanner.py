@@ -207,6 +207,20 @@ def test_configured_active_scanning_that_does_not_start_raises_and_is_not_runnin
     assert "RegisterMonitor" not in bluez.calls(HCI0)  # no passive try: active was asked
 
 
+def test_a_scanner_that_never_started_is_in_no_mode(bluez: FakeBlueZ) -> None:
+    """The adapter's status (``mode``, beside its state) names the scanning mode in use:
+    before the first start, and after a start that failed in every mode, there is none,
+    rather than a mode the radio is not in."""
+    bluez.fail_method(
+        HCI0, "org.bluez.Adapter1", "StartDiscovery", "", "", "org.bluez.Error.Failed"
+    )
+    s = scanner("active")
+    assert (s.mode, s.running) == ("", False)
+    with pytest.raises(BleakError):
+        run(lambda: started(s))
+    assert (s.mode, s.running) == ("", False)
+
+
 def test_a_power_cycle_turns_the_adapter_off_and_on_and_scans_again(bluez: FakeBlueZ) -> None:
     s = scanner()
 

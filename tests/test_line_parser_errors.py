@@ -37,6 +37,15 @@ def test_key_value_lines_read_around_spaces_and_separators() -> None:
         assert kv.parse(line) == want
 
 
+def test_a_key_value_line_ending_in_a_separator_and_blanks_is_read() -> None:
+    """A device printing ``key=value;`` pairs and then a CRLF (Arduino's ``println``), or
+    trailing blanks, ends its line with a separator and white space: that is the end of
+    the line, not a pair missing; its readings arrive, not a bad-line count."""
+    want = [Sample("temp", 21.5), Sample("hum", 40)]
+    for line in (b"temp=21.5; hum=40;\r\n", b"temp=21.5, hum=40, \t ", b"temp=21.5;hum=40;\r"):
+        assert kv.parse(line) == want, line
+
+
 @pytest.mark.parametrize(
     ("line", "expected"),
     [

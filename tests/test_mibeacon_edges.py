@@ -6,6 +6,8 @@ encrypted one. Frames written out byte by byte from the format."""
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 
 from drivers.parsers.ble import mibeacon
@@ -136,6 +138,22 @@ def test_an_encrypted_frame_with_its_mac_is_opened_with_that_mac() -> None:
     assert refusal(lambda: mibeacon.decode(bare, ctx(KEY)))[0] == "wrong_key"
 
 
+def test_an_encrypted_frame_with_a_capability_byte_is_opened() -> None:
+    """The capability byte stays in the clear between the header (and MAC) and the sealed
+    objects: a frame ``encrypt`` seals with one decrypts to its values, with or without
+    the MAC before it (else every test of a sensor sending one is a wrong_key)."""
+    sender = mac_bytes(ADDRESS)
+    for mac, clear in ((sender, sender[::-1] + b"\x08"), (None, b"\x08")):
+        plain = mibeacon.encode(0x055B, FRAME, [(0x1004, b"\x85\xff")], mac=mac, capability=8)
+        sealed = mibeacon.encrypt(plain, sender, 0x000102, KEY)
+        assert sealed[5 : 5 + len(clear)] == clear
+        decoded = mibeacon.decode(sealed, ctx(KEY))
+        assert [(s.field, s.value, s.unit) for s in decoded.samples] == [
+            ("temperature", -12.3, "°C")
+        ]
+        assert (decoded.packet_id, decoded.counter, decoded.problem) == (FRAME, 0x01022A, None)
+
+
 def test_encode_writes_its_flags_and_version() -> None:
     assert mibeacon.encode(0x055B, FRAME, []) == frame(0x40)
     assert mibeacon.encode(0x055B, FRAME, [], version=3) == frame(0x40, 3)
@@ -190,3 +208,19 @@ def test_each_object_with_its_unit_and_what_cannot_be_read_said_where() -> None:
         [("battery", 90, "%")],
         ("short", "2 stray bytes after the objects", 9),
     )
+
+
+def test_light_formaldehyde_and_float_humidity_each_in_its_unit() -> None:
+    """Illuminance is 24 bits of lux (a plant sensor reads up to 100,000 lx in the sun),
+    formaldehyde hundredths of mg/m³, and 0x4C08 humidity a float32 % (as xiaomi-ble
+    reads them); each read from its own object, after the others."""
+    objects = (
+        obj(0x1007, (100_000).to_bytes(3, "little"))
+        + obj(0x1010, (123).to_bytes(2, "little"))
+        + obj(0x4C08, struct.pack("<f", 45.5))
+    )
+    assert values(frame(0x40, rest=objects), ctx()) == [
+        ("illuminance", 100_000, "lx"),
+        ("formaldehyde", 1.23, "mg/m³"),
+        ("humidity", 45.5, "%"),
+    ]

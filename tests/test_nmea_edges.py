@@ -75,6 +75,15 @@ GGA = "GPGGA,123519,4807.038,N,01131.000,E,1,08,0.9,545.4,M,46.9,M,,"
             sentence("GPRMC,126019,V,,,,,,,230394,,"),
             ("time '126019' / date '230394' is not a valid UTC time", 0),
         ),
+        (
+            sentence(GGA.replace("01131.000", "011x1.000")),
+            ("longitude '011x1.000' is not (d)ddmm.mmmm", 0),
+        ),
+        (sentence(GGA.replace(",E,", ",Q,")), ("longitude hemisphere 'Q' is not N/S/E/W", 0)),
+        (
+            sentence("GPVTG,north,T,034.4,M,005.5,N,010.2,K"),
+            ("course 'north' is not a number", 0),
+        ),
     ],
 )
 def test_each_refusal_names_its_reason_and_column(line: bytes, expected: tuple[str, int]) -> None:
@@ -137,3 +146,17 @@ def test_empty_fields_give_no_sample_and_each_field_is_read_from_its_own_place()
     # two-digit years: 80-99 are 1980-1999, 00-79 are 2000-2079
     assert values("GPRMC,000000,V,,,,,,,010180,,")["time"][0] == "1980-01-01T00:00:00+00:00"
     assert values("GPRMC,000000,V,,,,,,,311279,,")["time"][0] == "2079-12-31T00:00:00+00:00"
+
+
+def test_rmc_course_and_date_and_vtg_course_are_each_read_from_their_own_field() -> None:
+    """RMC: the course over ground is field 8, the date field 9; a receiver standing still
+    leaves the course empty (u-blox does), and the date must come all the same; a course
+    is a course even in a sentence without its date. VTG: the course is field 1, field 2
+    its "T" (true) marker, sent whether or not there is a course."""
+    no_date = values("GPRMC,123519,A,4807.038,N,01131.000,E,022.4,084.4,,003.1,W")
+    assert no_date["course"] == (84.4, "deg") and "time" not in no_date
+    no_course = values("GPRMC,123519,A,4807.038,N,01131.000,E,000.0,,230394,003.1,W")
+    assert "course" not in no_course
+    assert no_course["time"] == ("1994-03-23T12:35:19+00:00", "")
+    assert no_course["speed"] == (0.0, "m/s")
+    assert values("GPVTG,,T,,M,005.5,N,010.2,K") == {"speed": (round(5.5 * 1852 / 3600, 3), "m/s")}

@@ -49,6 +49,25 @@ def test_an_atc1441_advert() -> None:
     assert pvvx.encode_atc(mac_bytes(ADDRESS), -12.3, 56, 91, 3012, 17) == data
 
 
+def test_an_atc1441_frame_counter_uses_its_whole_byte() -> None:
+    """The ATC1441 frame counter is a uint8 (as are humidity and battery, and the mV a
+    uint16): ``encode_atc`` (the fake thermometers of the gateway tests) writes counters
+    above 127 too, as the firmware sends them, and they come back; the README's frame
+    below zero with counter 200, byte for byte."""
+    mac = mac_bytes("A4:C1:38:2B:3C:4D")
+    sent = pvvx.encode_atc(mac, -5.5, 91, 60, 2800, 200)
+    assert sent == bytes.fromhex("a4c1382b3c4dffc95b3c0af0c8")
+    for count in (127, 128, 200, 255):
+        d = pvvx.decode_atc(pvvx.encode_atc(mac, 21.5, 99, 100, 3300, count), CTX)
+        assert read(d) == [
+            ("temperature", 21.5, "°C"),
+            ("humidity", 99, "%"),
+            ("battery", 100, "%"),
+            ("voltage", 3.3, "V"),
+        ]
+        assert d.packet_id == count
+
+
 @pytest.mark.parametrize(
     ("decode", "length", "expected"),
     [

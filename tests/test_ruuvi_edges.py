@@ -37,6 +37,20 @@ def test_the_specifications_valid_vector() -> None:
     assert (seq, identity) == (205, "CB:B8:33:4C:88:4F")
 
 
+def test_encode_writes_the_specifications_valid_vector() -> None:
+    """``encode`` (the fake RuuviTags of the gateway tests) packs battery and tx power
+    into the power field as the specification does (11 bits of mV above 1600, then 5
+    bits of 2 dBm steps above -40): the valid vector's values give its bytes, and
+    other values come back from ``decode`` as they went in."""
+    mac = bytes.fromhex("CBB8334C884F")
+    sent = ruuvi.encode(mac, 24.3, 53.49, 100044, (4, -4, 1036), 2977, 4, 66, 205)
+    assert sent == bytes.fromhex("0512FC5394C37C0004FFFC040CAC364200CDCBB8334C884F")
+    for mv, power in ((1600, -40), (2500, -8), (3646, 20)):
+        data = ruuvi.encode(mac, 20.0, 50.0, 101325, (0, 0, 1000), mv, power, 1, 2)
+        got = {field: (value, unit) for field, value, unit in decoded(data.hex())[0]}
+        assert (got["voltage"], got["tx_power"]) == ((mv / 1000, "V"), (power, "dBm"))
+
+
 def test_the_specifications_maximum_and_minimum_vectors() -> None:
     samples, seq, _ = decoded("057FFFFFFEFFFE7FFF7FFF7FFFFFDEFEFFFECBB8334C884F")
     assert samples == [
