@@ -170,4 +170,5 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.errno is not None:
         return os.strerror(exc.errno)
     text = str(exc)
-    return text.split(": ", 1)[-1] if "[Errno" in text else text
+    # pyserial's "read failed: [Errno 5] Input/output error": the system's words only
+    return text.split("] ", 1)[-1] if "[Errno" in text else text

@@ -8,6 +8,7 @@ closes the pty's master side, replugging makes a new pty and moves the symlink.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import select
@@ -544,3 +545,23 @@ def test_a_device_not_taking_data_fails_the_write_at_once_and_stays_connected(
     asyncio.run(scenario())
     assert states == [True, False]  # closed by the stop only
     device.close()
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        # pyserial wraps the system's error in its own text when a read fails
+        (serial.SerialException("read failed: [Errno 5] Input/output error"), "Input/output error"),
+        (OSError(errno.ENOENT, "No such file or directory: '/dev/x'"), "No such file or directory"),
+        (
+            serial.SerialException("device reports readiness to read but returned no data"),
+            "device reports readiness to read but returned no data",
+        ),
+    ],
+)
+def test_the_reason_in_a_disconnect_line_is_the_systems_words_once(
+    error: BaseException, reason: str
+) -> None:
+    """Broken, the log would say "read failed: read failed: [Errno 5] ..." after an
+    unplugged USB adapter, or lose pyserial's own words."""
+    assert drivers.serial._reason(error) == reason
