@@ -12,7 +12,7 @@ import errno
 import json
 import os
 import select
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,13 @@ class FakeDevice:
     def close(self) -> None:
         if self.master >= 0:
             os.close(self.master)
+
+
+async def until(changed: asyncio.Event, done: Callable[[], bool]) -> None:
+    """Wait until ``done``, checked again at each change (5 s at most for each)."""
+    while not done():
+        changed.clear()
+        await asyncio.wait_for(changed.wait(), 5)
 
 
 @pytest.fixture
@@ -278,11 +285,6 @@ def test_the_reconnect_backoff_starts_again_after_a_successful_open(
     device.unplug()
     device.link.unlink()
 
-    async def until(done: Any) -> None:
-        while not done():
-            changed[0].clear()
-            await asyncio.wait_for(changed[0].wait(), 5)
-
     port = drivers.serial.SerialPort(
         "line",
         drivers.serial.PortSettings(str(device.link), reconnect_min=0.5, reconnect_max=4.0),
@@ -295,13 +297,13 @@ def test_the_reconnect_backoff_starts_again_after_a_successful_open(
     async def scenario() -> None:
         changed.append(asyncio.Event())
         task = asyncio.create_task(port.run())
-        await until(lambda: len(waits) >= 5)
+        await until(changed[0], lambda: len(waits) >= 5)
         device.plug()  # present again: opened at the next try
-        await until(lambda: port.connected)
+        await until(changed[0], lambda: port.connected)
         before_open.append(len(waits))
         device.unplug()
         device.link.unlink()
-        await until(lambda: len(waits) >= before_open[0] + 3)
+        await until(changed[0], lambda: len(waits) >= before_open[0] + 3)
         port.stop()
         await asyncio.wait_for(task, 5)
 
@@ -392,22 +394,17 @@ def test_a_port_in_process_hands_on_every_byte_and_says_each_change_once(
         spreads.append((low, high))
         return high  # the longest wait the jitter allows
 
-    async def until(done: Any) -> None:
-        while not done():
-            changed.clear()
-            await asyncio.wait_for(changed.wait(), 5)
-
     async def scenario() -> None:
         task = asyncio.create_task(port.run())
-        await until(lambda: states == [True])
+        await until(changed, lambda: states == [True])
         assert port.connected and port.port is not None
         assert port.port.timeout == 0 and port.port.write_timeout == 0
         with pytest.raises(serial.SerialException):  # opened exclusively
             serial.Serial(str(device.link), exclusive=True)
         device.send(b"abc")
-        await until(lambda: chunks == [b"abc"])
+        await until(changed, lambda: chunks == [b"abc"])
         device.send(b"defg\n")
-        await until(lambda: b"".join(chunks) == b"abcdefg\n")
+        await until(changed, lambda: b"".join(chunks) == b"abcdefg\n")
         assert port.bytes_read == 8
         assert port.write(b"ping") == 4 and device.receive(4) == b"ping"
         caplog.clear()
@@ -416,7 +413,7 @@ def test_a_port_in_process_hands_on_every_byte_and_says_each_change_once(
         monkeypatch.setattr("drivers.serial.random.uniform", jitter)
         device.unplug()
         device.link.unlink()
-        await until(lambda: len(waits) >= 4)
+        await until(changed, lambda: len(waits) >= 4)
         assert states == [True, False] and not port.connected and port.port is None
         with pytest.raises(OSError, match="line is not connected"):
             port.write(b"x")
@@ -466,20 +463,15 @@ def test_a_write_to_a_device_gone_away_says_write_failed_once_with_the_systems_r
     )
     failures: list[str] = []
 
-    async def until(done: Any) -> None:
-        while not done():
-            changed.clear()
-            await asyncio.wait_for(changed.wait(), 5)
-
     async def scenario() -> None:
         task = asyncio.create_task(port.run())
-        await until(lambda: states == [True])
+        await until(changed, lambda: states == [True])
         monkeypatch.setattr("drivers.serial.asyncio.sleep", _yield_only)
         device.unplug()  # the write comes before the event loop sees the hang-up
         with pytest.raises(OSError) as failed:
             port.write(b"ON 3\n")
         failures.append(str(failed.value))
-        await until(lambda: states == [True, False])
+        await until(changed, lambda: states == [True, False])
         assert port.port is None and not port.connected
         port.stop()
         await asyncio.wait_for(task, 5)
@@ -519,14 +511,9 @@ def test_a_device_not_taking_data_fails_the_write_at_once_and_stays_connected(
         "line", drivers.serial.PortSettings(str(device.link)), on_data, on_state
     )
 
-    async def until(done: Any) -> None:
-        while not done():
-            changed.clear()
-            await asyncio.wait_for(changed.wait(), 5)
-
     async def scenario() -> None:
         task = asyncio.create_task(port.run())
-        await until(lambda: states == [True])
+        await until(changed, lambda: states == [True])
         command = b"X" * 999 + b"\n"
         taken = 0
         with pytest.raises(OSError, match=r"^line: the device is not taking data$"):
@@ -538,7 +525,7 @@ def test_a_device_not_taking_data_fails_the_write_at_once_and_stays_connected(
         assert port.connected and port.port is not None
         assert device.receive(len(command)) == command  # what was taken is there, whole
         device.send(b"t=1\n")
-        await until(lambda: chunks == [b"t=1\n"])
+        await until(changed, lambda: chunks == [b"t=1\n"])
         port.stop()
         await asyncio.wait_for(task, 5)
 
