@@ -19,9 +19,7 @@ them.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import lzma
 import os
 import socket
 import subprocess
@@ -36,7 +34,7 @@ from gateway.mqtt import MQTT_311, ConnAck, Connect, encode
 from tests.support import imagebuild, update
 from tests.support.clients import Paho
 from tests.support.raw import Raw
-from tests.support.vm import SdCard, Vm, mqtt_answers, ssh_keypair
+from tests.support.vm import SdCard, Vm, mqtt_answers, read_image, sha256_hex, ssh_keypair
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.image, pytest.mark.timeout(3600)]
@@ -558,21 +556,11 @@ def test_building_again_gives_the_same_image() -> None:
     if first_sum != again_sum:
         raise AssertionError(f"the two builds differ:\n{_differences(first, again)}")
     # What a user downloads: its sha256 file matches, and it decompresses to that image.
-    assert (xz.parent / f"{xz.name}.sha256").read_text().split()[0] == _sha256(xz)
-    unpacked = hashlib.sha256()
-    with lzma.open(xz) as src:
-        while chunk := src.read(1 << 22):
-            unpacked.update(chunk)
-    assert unpacked.hexdigest() == first_sum, f"{xz} does not hold {first.name}"
+    with xz.open("rb") as packed:
+        assert (xz.parent / f"{xz.name}.sha256").read_text().split()[0] == sha256_hex(packed)
+    with read_image(xz) as unpacked:
+        assert sha256_hex(unpacked) == first_sum, f"{xz} does not hold {first.name}"
     imagebuild.REPORT["second build (same commit, with xz)"] = log.strip().splitlines()[-1]
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _differences(a: Path, b: Path) -> str:

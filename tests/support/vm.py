@@ -73,13 +73,10 @@ def verify_and_write(image: Path, target: Path) -> None:
     ``.sha256`` file, as a user would, then write it out onto ``target``, keeping runs of
     zeros as holes."""
     expected = (image.parent / f"{image.name}.sha256").read_text().split()[0]
-    digest = hashlib.sha256()
     with image.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    assert digest.hexdigest() == expected, f"{image}: sha256 does not match {image.name}.sha256"
+        assert sha256_hex(f) == expected, f"{image}: sha256 does not match {image.name}.sha256"
     zero = bytes(1 << 20)
-    with _read(image) as src, target.open("wb") as dst:
+    with read_image(image) as src, target.open("wb") as dst:
         while chunk := src.read(1 << 20):
             if chunk == zero[: len(chunk)]:
                 dst.seek(len(chunk), os.SEEK_CUR)
@@ -88,9 +85,17 @@ def verify_and_write(image: Path, target: Path) -> None:
         dst.truncate()
 
 
-def _read(image: Path) -> io.BufferedIOBase:
+def read_image(image: Path) -> io.BufferedIOBase:
     """The image's bytes, decompressed if it is an ``.xz``."""
     return lzma.open(image) if image.name.endswith(".xz") else image.open("rb")
+
+
+def sha256_hex(stream: io.BufferedIOBase) -> str:
+    """The sha256 of what is left to read of ``stream``."""
+    digest = hashlib.sha256()
+    while chunk := stream.read(1 << 22):
+        digest.update(chunk)
+    return digest.hexdigest()
 
 
 @dataclass
