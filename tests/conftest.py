@@ -4,6 +4,7 @@ pipeline tests' one SparkSession."""
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -188,6 +189,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
+    # A run started with SIGTERM ignored (some CI runners do) would pass that on to every
+    # process the tests start, and those without a handler of their own (the mock
+    # bluetoothd, dbus-monitor, shells) would then outlive their ``terminate()``.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if not hasattr(session.config, "workerinput"):  # once per run, before any worker
         from tests.support import imagebuild
 

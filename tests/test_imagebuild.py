@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -39,7 +40,7 @@ def alive(pid: int) -> bool:
 
 @pytest.fixture
 def unrelated() -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    proc = subprocess.Popen(["sleep", "600"], start_new_session=True)
     yield proc
     proc.kill()
     proc.wait()
@@ -68,18 +69,34 @@ def test_waiting_gives_up_at_its_deadline(tmp_path: Path) -> None:
         build.stop()
 
 
+@pytest.fixture
+def sigterm_ignored() -> Iterator[None]:
+    """The run started with SIGTERM ignored, as some CI runners start it."""
+    before = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    yield
+    signal.signal(signal.SIGTERM, before)
+
+
+@pytest.mark.parametrize("started", ["as usual", "with SIGTERM ignored"])
 def test_stopping_a_run_stops_its_build_and_only_its_build(
-    tmp_path: Path, unrelated: subprocess.Popen[bytes]
+    tmp_path: Path, unrelated: subprocess.Popen[bytes], started: str, request: pytest.FixtureRequest
 ) -> None:
     """Broken, a run cut short would leave its build running, or a pid file an earlier
-    run left (its pid since taken by another process) would kill that process."""
-    build = stand_in(tmp_path, "sleep 60")
+    run left (its pid since taken by another process) would kill that process; or, in a
+    run started with SIGTERM ignored, the build would ignore it too and be killed only at
+    stop's deadline, without cleaning up."""
+    if started != "as usual":
+        request.getfixturevalue("sigterm_ignored")
+    running = tmp_path / "running"
+    build = stand_in(tmp_path, f"touch {running}; sleep 600")
     build.launch()
     assert build.proc is not None
     pid = build.proc.pid
+    wait_for(running.exists, 30, "the build to run")  # a signal before then: a race
     assert alive(pid)
     build.stop()
     wait_for(lambda: build.proc is not None and build.proc.poll() is not None, timeout=30)
+    assert build.proc.returncode == -signal.SIGTERM, "stopped by SIGKILL at the deadline"
     assert not alive(pid)
     assert not build.pid.exists()
 

@@ -71,7 +71,11 @@ class Background:
         script = '"$@"; echo $? > "$STATUS.tmp"; mv "$STATUS.tmp" "$STATUS"'
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
-                ["sh", "-c", script, "build", *self.command],
+                # SIGTERM and SIGINT stop it, whatever started the run: a process started
+                # with them ignored (some CI runners) passes that on, no shell can undo
+                # it, and ``stop`` would then wait out its deadline instead of letting
+                # the build clean up (its chroot's mounts).
+                ["env", "--default-signal=TERM,INT", "sh", "-c", script, "build", *self.command],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
