@@ -603,6 +603,39 @@ def test_basic_auth_against_a_mosquitto_password_file_and_a_bearer_token(
         assert proc.stop() == 0
 
 
+@pytest.mark.skipif(shutil.which("mosquitto_passwd") is None, reason="mosquitto_passwd")
+@pytest.mark.parametrize("only", ["token_file", "password_file"])
+def test_either_credential_alone_closes_the_listener_to_anonymous_requests(
+    tmp_path: Path, only: str
+) -> None:
+    """Broken, a listener given only a token (or only a password file) would serve
+    metrics and status to anyone: the tests above configure both at once."""
+    secret = tmp_path / "secret"
+    if only == "token_file":
+        secret.write_text("tok-0123456789abcdef\n")
+        good = {"Authorization": "Bearer tok-0123456789abcdef"}
+    else:
+        subprocess.run(
+            ["mosquitto_passwd", "-c", "-b", str(secret), "prometheus", "s3cret-scrape"],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+        good = basic("prometheus", "s3cret-scrape")
+    secret.chmod(0o600)
+    proc = start(tmp_path, HTTP_LIMITS + f'{only} = "{secret}"\n')
+    try:
+        port = http_port(proc)
+        for path in ("/", "/metrics", "/api/status"):
+            anonymous = get(port, path)
+            assert anonymous.status == 401, path
+            assert b"ledge_" not in anonymous.body
+        assert get(port, "/metrics", good).status == 200
+        assert "without authentication" not in proc.log
+    finally:
+        assert proc.stop() == 0
+
+
 def test_an_open_listener_on_the_lan_is_warned_about(tmp_path: Path) -> None:
     proc = start(tmp_path, HTTP_LIMITS.replace("port = 0", 'port = 0\nhost = "0.0.0.0"'))
     try:
