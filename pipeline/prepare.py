@@ -57,6 +57,8 @@ def prepare(force: bool = False) -> int:
     judge = ready_judge()
     if judge is not None:
         log.info("prepare: the JVM judge is ready: %s", judge)
+    for gone in abandoned(archive.path.parent):
+        log.info("prepare: removed %s (left by a prepare that was stopped)", gone)
     if archive.path.is_file() and not force:
         log.info("prepare: the class archive is ready: %s", archive.path)
         return 0
@@ -88,6 +90,31 @@ def prepare(force: bool = False) -> int:
     for gone in outdated(archive):
         log.info("prepare: removed %s (made for a Spark since installed again, or gone)", gone)
     return 0
+
+
+def abandoned(cache: Path) -> list[Path]:
+    """Remove the ``NAME.PID.partial`` files in ``cache`` whose process is gone: a prepare
+    (or a judge's compilation) killed while writing leaves one, an archive's size, for
+    good otherwise. A live process's is its own to finish. The files removed."""
+    removed = []
+    for partial in sorted(cache.glob("*.partial")):
+        _, _, pid = partial.stem.rpartition(".")
+        if not pid.isdigit() or _running(int(pid)):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            partial.unlink()
+            removed.append(partial)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
 
 
 def outdated(archive: ClassArchive) -> list[Path]:

@@ -374,11 +374,17 @@ def test_prepare_writes_an_archive_that_a_session_loads_spark_from(
     other = os.pathsep.join([*entries[:-1], str(tmp_path / "judge-other.jar")])
     assert maps(other).returncode == 0, maps(other).stderr
 
-    # Once written, prepare leaves it be.
+    # Once written, prepare leaves it be, and removes what a prepare killed while
+    # writing left (its process gone).
     before = archive.stat().st_mtime_ns
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    left = archive.with_name(f"{archive.stem}.{gone.pid}.partial")
+    left.write_bytes(b"half an archive")
     done = _run([sys.executable, "-m", "pipeline", "prepare"], dict(os.environ), 60)
     assert done.returncode == 0 and "ready" in done.stderr, done.stderr
     assert archive.stat().st_mtime_ns == before
+    assert not left.exists() and "left by a prepare that was stopped" in done.stderr
 
 
 def test_prepare_says_why_it_wrote_nothing(
@@ -427,6 +433,23 @@ def test_prepare_removes_the_archives_no_jvm_can_use(tmp_path: Path) -> None:
         "jvm-unreadable.json",
         "notes.txt",
     ]
+
+
+def test_prepare_removes_what_a_stopped_prepare_left_half_written(tmp_path: Path) -> None:
+    """Broken, a prepare killed while writing would leave its partial archive (170 MB)
+    in the cache for good; or one prepare would remove another's, still being written."""
+    from pipeline.prepare import abandoned
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # its pid: a process that has ended
+    left = tmp_path / f"jvm-0123456789abcdef.{gone.pid}.partial"
+    jar = tmp_path / f"ledge-judge-0123.jar.{gone.pid}.partial"
+    writing = tmp_path / f"jvm-0123456789abcdef.{os.getpid()}.partial"
+    odd = tmp_path / "notes.partial"  # no pid: not one of ours
+    for path in (left, jar, writing, odd):
+        path.write_bytes(b"half")
+    assert abandoned(tmp_path) == sorted([jar, left])
+    assert sorted(p.name for p in tmp_path.iterdir()) == [writing.name, odd.name]
 
 
 STOP_PROBE = """
