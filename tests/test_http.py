@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from gateway.app.runtime import RuntimeConfig, file_warnings
+from gateway.net.http import WRITE_HIGH
 from gateway.net.http_settings import HTTPSettings
 from tests.support.certs import Certs
 from tests.support.clients import Paho
@@ -350,6 +351,58 @@ def test_a_refused_head_request_after_another_request_gets_no_body_either(
         assert "transfer-encoding" not in answer.headers
         assert answer.headers["connection"] == "close"
         assert answer.closed  # nothing follows the head
+
+
+def test_pipelined_answers_past_the_write_bound_wait_for_the_client_and_all_arrive(
+    tmp_path: Path,
+) -> None:
+    """Requests pipelined on one connection by a client that reads nothing yet: the
+    listener answers until its write buffer's bound (and the kernel's buffers) are full,
+    then stops taking requests, and goes on once the client reads. Broken, it would hold
+    every answer in memory, or stall for good after the first pause."""
+    proc = start(
+        tmp_path,
+        HTTP_LIMITS.replace("max_requests = 3", "max_requests = 10000")
+        .replace("request_timeout = 1.0", "request_timeout = 60.0")
+        .replace("keepalive_timeout = 1.0", "keepalive_timeout = 60.0"),
+    )
+    try:
+        port = http_port(proc)
+        scrapes = 0
+
+        def answered() -> int:
+            """Answers given on the pipelined connection (not counting the scrapes)."""
+            nonlocal scrapes
+            body = get(port, "/metrics").body.decode()
+            scrapes += 1
+            found = re.search(r'ledge_http_responses_total\{code="200"\} (\d+)', body)
+            return int(found.group(1)) - (scrapes - 1) if found else 0
+
+        size = len(get(port, "/metrics").body)
+        scrapes = 1
+        # More than the kernel can hold for a reader with a small window (its send
+        # buffer grows to 4 MiB at most) plus the listener's bound: it must stop.
+        count = (5 * 2**20 + WRITE_HIGH) // size + 2
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect
+            sock.settimeout(30)
+            sock.connect(("127.0.0.1", port))
+            sock.sendall((b"GET /metrics HTTP/1.1\r\n" + H + b"\r\n") * count)
+            seen = [-1]
+
+            def settled() -> bool:  # the same count twice running
+                before, seen[0] = seen[0], answered()
+                return seen[0] == before > 0
+
+            wait_for(settled, 60, "the listener to stop answering the pipelined requests")
+            assert seen[0] < count  # stopped at its bound, not all answers held
+            client = Client.__new__(Client)
+            client.sock, client.file = sock, sock.makefile("rb")
+            statuses = [client.answer().status for _ in range(count)]
+            client.file.close()
+        assert statuses == [200] * count
+    finally:
+        assert proc.stop() == 0
 
 
 def test_slowloris_gets_408_at_the_request_timeout_from_its_first_byte(
