@@ -683,6 +683,14 @@ def test_either_credential_alone_closes_the_listener_to_anonymous_requests(
             anonymous = get(port, path)
             assert anonymous.status == 401, path
             assert b"ledge_" not in anonymous.body
+        # Two requests on one connection: the listener reads on after the first's check
+        # (a password's is done off the event loop, and reading waits for it meanwhile;
+        # the second finds it remembered).
+        with Client(port, timeout=10) as client:
+            auth = "".join(f"{k}: {v}\r\n" for k, v in good.items()).encode()
+            for _ in range(2):
+                client.send(b"GET /api/status HTTP/1.1\r\n" + H + auth + b"\r\n")
+                assert client.answer().status == 200
         assert get(port, "/metrics", good).status == 200
         assert "without authentication" not in proc.log
     finally:
