@@ -45,10 +45,13 @@ class Gateway:
         listeners: int = 1,
         args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        health_interval: float = 0,
     ) -> None:
         path = self.path = tmp_path / "ledge.toml"
         extra = f"[broker]\nsys_interval = {sys_interval}\n" if sys_interval else ""
-        path.write_text(f'[gateway]\nid = "gw1"\nhealth_interval = 0\n{extra}{config}')
+        path.write_text(
+            f'[gateway]\nid = "gw1"\nhealth_interval = {health_interval}\n{extra}{config}'
+        )
         self.proc = LedgeProcess(*args, config=path, env=env).start(listeners=listeners)
         self.sub = Paho(self.proc.port, "watch").connect()
         self.sub.subscribe("ledge/gw1/#", 0)
@@ -177,6 +180,38 @@ def test_passive_scanning_decodes_mixed_formats(
     assert "RegisterMonitor" in bluez.calls("/org/bluez/hci0")
     assert "StartDiscovery" not in bluez.calls("/org/bluez/hci0")
     assert gw.adapter()["mode"] == "passive"
+
+
+def test_the_health_report_carries_the_adapters_state(
+    bluez: FakeBlueZ, gateways: list[Gateway], tmp_path: Path
+) -> None:
+    """Broken, a gateway with BLE would publish no health reports at all (or reports
+    without the adapter): the other BLE tests turn the reports off."""
+    gw = start(
+        gateways,
+        tmp_path,
+        '[[ble]]\nname = "t"\naddress = "A4:C1:38:00:00:21"\nmin_interval = 0\n',
+        health_interval=0.2,
+    )
+    bluez.add_device("A4:C1:38:00:00:21", svc={BTHOME: bthome_temp(1, 1000)})
+    gw.wait_value("t", "temperature", 10.0)
+
+    def reported() -> dict[str, Any]:
+        for payload in reversed(gw.payloads("ledge/gw1/health")):
+            body: dict[str, Any] = json.loads(payload)
+            if body.get("ble", {}).get("adverts", 0) >= 1:
+                return body
+        return {}
+
+    health = wait_for(reported, 10, "a health report counting the advert")
+    assert {"timestamp", "dropped", "queued", "uptime"} <= health.keys()
+    ble = health["ble"]
+    assert (ble["adapter"], ble["state"], ble["mode"], ble["reason"]) == (
+        "hci0",
+        "scanning",
+        "passive",
+        "",
+    )
 
 
 def test_auto_without_passive_support_scans_actively_and_says_why(
