@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from drivers.ble import counters
 from drivers.parsers.ble import bthome, govee, mibeacon, pvvx, ruuvi
 from drivers.parsers.ble.base import mac_bytes
 from drivers.parsers.ble.beacons import encode_ibeacon
@@ -597,6 +598,30 @@ def test_the_last_counter_survives_restarts_and_only_the_explicit_reset_lowers_i
     gw.proc.wait_log(r"door \(A4:C1:38:00:00:0C\): the bindkey changed")
     bluez.advertise(path, svc={BTHOME: sealed(1, 333, bytes.fromhex(other))})
     gw.wait_value("door", "temperature", 3.33)
+
+
+def test_the_counter_of_a_device_no_longer_configured_leaves_the_file(
+    bluez: FakeBlueZ, gateways: list[Gateway], tmp_path: Path
+) -> None:
+    """A device taken out of the config: its counter is dropped from the file at the
+    next save, without waiting for another device's counter to change. Broken, the
+    file would keep it until something else is written."""
+    kept, removed = "A4:C1:38:00:00:0D", "A4:C1:38:00:00:0E"
+    data = tmp_path / "data"
+    data.mkdir()
+    key = counters.fingerprint(bytes.fromhex(KEY))
+    path = data / "ble-counters.json"
+    counters.save(path, {kept: (key, 40), removed: (key, 7)})
+    gw = start(
+        gateways,
+        tmp_path,
+        "[bluetooth]\ncounter_save_interval = 0\n"
+        f'[[ble]]\nname = "door"\naddress = "{kept}"\nbindkey = "{KEY}"\n',
+        args=("--data-dir", str(data)),
+    )
+    gw.proc.wait_log(r"encryption counters of 1 device\(s\) read")
+    wait_for(lambda: removed not in counters.load(path), 10, "the removed device dropped")
+    assert counters.load(path) == {kept: (key, 40)}
 
 
 # ---------------------------------------------------------------- metrics
