@@ -334,6 +334,25 @@ def test_publishing_policy_coalesces_a_chatty_sensor(
     assert gw.values("chatty", "temperature") == repeats_of_same
 
 
+def test_a_beacon_format_reports_presence_and_a_thermometer_does_not(
+    bluez: FakeBlueZ, gateways: list[Gateway], tmp_path: Path
+) -> None:
+    """Without ``presence`` set: a device of a beacon format (here by address, no
+    identity) publishes home/away; a sensor publishes its values only."""
+    gw = start(
+        gateways,
+        tmp_path,
+        '[[ble]]\nname = "tag"\naddress = "4C:00:00:00:00:21"\nformat = "ibeacon"\n'
+        '[[ble]]\nname = "t"\naddress = "A4:C1:38:00:00:22"\nmin_interval = 0\n',
+    )
+    uuid = bytes.fromhex("b9407f30f5f8466eaff925556b57fe6d")
+    bluez.add_device("4C:00:00:00:00:21", mfr={0x004C: encode_ibeacon(uuid, 1, 2, -59)})
+    bluez.add_device("A4:C1:38:00:00:22", svc={BTHOME: bthome_temp(1, 1000)})
+    gw.wait_value("tag", "presence", "home")
+    gw.wait_value("t", "temperature", 10.0)
+    assert gw.payloads("ledge/gw1/ble/t/presence") == []
+
+
 def test_presence_of_a_beacon_by_identity_home_and_away(
     bluez: FakeBlueZ, gateways: list[Gateway], tmp_path: Path
 ) -> None:
