@@ -168,6 +168,33 @@ def test_garbage_is_logged_with_device_and_offset_and_good_lines_survive(
         assert proc.stop() == 0
 
 
+def test_a_device_absent_at_start_is_offline_until_its_port_opens(
+    tmp_path: Path, device: FakeDevice
+) -> None:
+    """Broken, the status would say online (retained) before the port was ever open."""
+    device.unplug()
+    config = tmp_path / "ledge.toml"
+    config.write_text(
+        f'[gateway]\nid = "gw1"\n[[serial]]\npath = "{device.link}"\nname = "env"\n'
+        'protocol = "jsonl"\n'
+    )
+    proc = LedgeProcess(config=config).start()
+    try:
+        sub = Paho(proc.port, "watch").connect()
+        sub.subscribe("ledge/gw1/serial/env/status", 0)
+
+        def statuses() -> list[bytes]:
+            return [m.payload for m in sub.messages]
+
+        wait_for(lambda: statuses() == [b"offline"], 5, "offline, retained")
+        device.plug()
+        proc.wait_log("env: connected at", 10)
+        wait_for(lambda: statuses() == [b"offline", b"online"], 5, "online once open")
+        sub.disconnect()
+    finally:
+        assert proc.stop() == 0
+
+
 def test_unplug_and_replug_are_survived_three_times_in_a_row(
     tmp_path: Path, device: FakeDevice
 ) -> None:
