@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import logging
 import os
 import select
 from collections.abc import Callable, Iterator
@@ -289,6 +290,35 @@ def test_every_line_setting_reaches_pyserial_as_configured(
         os.close(master)
         os.close(slave)
     assert Recorded.opened == [(57600, bytesize, PYSERIAL_PARITY[parity], stopbits)]
+
+
+def test_problem_lines_are_logged_ten_a_minute_and_the_rest_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Garbage on a line: the first ten problems of a minute are logged with their
+    offsets, the others counted and said in one line when the minute is over."""
+    text = '[gateway]\nid = "gw1"\n[[serial]]\nname = "line"\npath = "/dev/null"\n'
+    now = [100.0]
+    settings = parse_config(text).to_runtime().sensors
+    hub = SensorHub(Broker(BrokerSettings()), settings, lambda: now[0])
+    sensor = hub.sensors["line"]
+    caplog.set_level(logging.WARNING, "gateway.sensors.hub")
+
+    def logged() -> list[str]:
+        return [r.getMessage() for r in caplog.records]
+
+    sensor._data(b"not a reading\n" * 25)
+    assert len(logged()) == 10
+    assert logged()[9].startswith("line: skipped unreadable line at byte offset 126 ")
+    assert sensor.stats.bad_lines == 25
+    now[0] += 59.9
+    sensor._data(b"still not\n")
+    assert len(logged()) == 10  # the same minute
+    now[0] += 0.2
+    sensor._data(b"nor this\n")
+    assert logged()[10] == "line: 16 more problem lines in the last minute were not logged"
+    assert len(logged()) == 12  # and the new minute's first problem
+    assert "byte offset 360" in logged()[11]
 
 
 def test_the_reconnect_backoff_starts_again_after_a_successful_open(

@@ -87,7 +87,7 @@ class SerialSensor:
         )
 
     def _problem(self, message: str, *args: object) -> None:
-        now = time.monotonic()
+        now = self.hub.clock()
         if now >= self._budget_reset:
             if self._suppressed:
                 log.warning(
