@@ -251,6 +251,8 @@ def test_sleep_and_wake_delivers_what_came_while_asleep(
     assert dev.messages() == [("to/sleepy/a", "1"), ("to/sleepy/b", "2")]
     dev.call("wake")  # nothing new: nothing delivered twice
     assert len(dev.messages()) == 2
+    # Woken and answered, it stays the session it was: no CONNECT again.
+    assert bridge.proc.log.count("client 'sleepy' connected from") == 1
     mqtt.disconnect()
 
 
