@@ -237,3 +237,94 @@ def test_slow_tap_module_never_delays_clients(tmp_path: Path) -> None:
         sub.disconnect()
     finally:
         assert proc.stop() == 0
+
+
+def test_the_decorator_registers_a_tap_and_leaves_the_function_as_it_was() -> None:
+    """Broken, ``@on_message`` would replace the user's function (with None), or
+    subscribe at another QoS than the one asked."""
+    before = len(taps.REGISTRY)
+
+    def handler(message: taps.TapMessage, device: str) -> None:
+        pass
+
+    try:
+        assert taps.on_message("sensors/{device}/t")(handler) is handler
+        assert taps.on_message("alerts/#", qos=2)(handler) is handler
+        assert taps.REGISTRY[before:] == [
+            taps.Tap("sensors/{device}/t", handler, 0, "sensors/+/t", ((1, "device"),)),
+            taps.Tap("alerts/#", handler, 2, "alerts/#", ()),
+        ]
+    finally:
+        del taps.REGISTRY[before:]
+    message = taps.TapMessage("t", b'{"value": 31.5}', 1, False)
+    assert message.json() == {"value": 31.5} and message.text == '{"value": 31.5}'
+
+
+def test_a_full_tap_queue_counts_a_drop_per_tap_and_logs_at_1_2_4_8(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two taps on one topic, a queue of one, the worker not yet run: the first message
+    is queued for the first tap; every other (message, tap) is a drop, each counted,
+    the warnings at the 1st, 2nd, 4th, 8th ... drop."""
+
+    async def scenario() -> None:
+        h = Harness()
+
+        def noop(message: taps.TapMessage) -> None:
+            pass
+
+        plane = taps.TapPlane(
+            h.broker,
+            lambda: h.now,
+            [taps.Tap(f"t{i}", noop, 0, *taps.compile_pattern("t")) for i in (1, 2)],
+            queue_size=1,
+        )
+        plane.start()
+        pub = h.client()
+        pub.connect("p")
+        for i in range(5):  # without yielding: the worker takes nothing meanwhile
+            pub.publish("t", b"%d" % i)
+        assert (plane.stats.queued, plane.stats.dropped) == (1, 9)
+        await plane.stop()
+
+    with caplog.at_level("WARNING", "ledge.taps"):
+        asyncio.run(scenario())
+    so_far = [r.getMessage().rsplit("(", 1)[1] for r in caplog.records]
+    assert so_far == [
+        "1 dropped so far)",
+        "2 dropped so far)",
+        "4 dropped so far)",
+        "8 dropped so far)",
+    ]
+
+
+def test_taps_see_what_is_published_while_they_run_not_what_was_retained_before() -> None:
+    async def scenario() -> None:
+        h = Harness()
+        seen: list[bytes] = []
+        pub = h.client()
+        pub.connect("p")
+        pub.publish("t", b"stored earlier", retain=True)
+        plane = taps.TapPlane(
+            h.broker,
+            lambda: h.now,
+            [taps.Tap("t", lambda m: seen.append(m.payload), 0, *taps.compile_pattern("t"))],
+        )
+        plane.start()
+        try:
+            pub.publish("t", b"now")
+            await async_wait_for(lambda: plane.stats.handled == 1, 5)
+            assert seen == [b"now"]
+        finally:
+            await plane.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_tap_module_that_is_not_python_is_refused_by_name(tmp_path: Path) -> None:
+    module = tmp_path / "taps.txt"
+    module.write_text("print('not loaded')\n")
+    with pytest.raises(ImportError, match=r"taps\.module: cannot load .*taps\.txt"):
+        taps.load_module(str(module))
+    with pytest.raises(FileNotFoundError, match=r"taps\.module: no file .*nothing\.py"):
+        taps.load_module(str(tmp_path / "nothing.py"))
