@@ -9,8 +9,10 @@ end the gateway opens with pyserial. What devices publish is watched with paho.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import threading
 import tty
 from collections.abc import Iterator
 from pathlib import Path
@@ -234,6 +236,65 @@ def test_after_a_gateway_restart_the_client_reconnects_reregisters_resubscribes(
     assert dev.stats()["reconnects"] >= 1
     bridge.proc.wait_log(r"client 'survivor' connected")
     w.disconnect()
+
+
+def test_after_unsubscribe_the_gateway_sends_nothing_more_on_that_topic(
+    bridge: Bridge, devices: list[MicroPythonDevice]
+) -> None:
+    mqtt = bridge.watcher("nothing/here")
+    dev = udp_device(bridge, devices, "leaver")
+    dev.call("connect")
+    dev.call("subscribe to/leaver/a 1")
+    dev.call("subscribe to/leaver/b 1")
+    mqtt.publish("to/leaver/a", b"1", qos=1)
+    wait_for(lambda: dev.messages() == [("to/leaver/a", "1")], 10, "the first message")
+    dev.call("unsubscribe to/leaver/a")
+    mqtt.publish("to/leaver/a", b"2", qos=1)  # not for it any more
+    mqtt.publish("to/leaver/b", b"3", qos=1)  # after it, on the topic it kept
+    wait_for(lambda: ("to/leaver/b", "3") in dev.messages(), 10, "the kept topic's message")
+    assert dev.messages() == [("to/leaver/a", "1"), ("to/leaver/b", "3")]
+    mqtt.disconnect()
+
+
+def test_an_unanswered_request_is_sent_retries_plus_one_times_then_link_lost(
+    devices: list[MicroPythonDevice],
+) -> None:
+    """A gateway (here a socket of the test's) that accepts the CONNECT, then answers
+    nothing: the REGISTER goes out once and again ``retries`` times, then the call
+    fails with LinkLost."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as gateway:
+        gateway.bind(("127.0.0.1", 0))
+        gateway.settimeout(0.1)
+        seen: list[bytes] = []
+        done = threading.Event()
+
+        def serve() -> None:
+            while not done.is_set():
+                try:
+                    data, peer = gateway.recvfrom(512)
+                except TimeoutError:
+                    continue
+                seen.append(data)
+                if data[1] == 0x04:  # CONNECT -> CONNACK, accepted
+                    gateway.sendto(bytes((3, 0x05, 0)), peer)
+
+        server = threading.Thread(target=serve, daemon=True)
+        server.start()
+        try:
+            dev = MicroPythonDevice(
+                {"client_id": "alone", "host": "127.0.0.1", "retries": 2, "retry_ms": 50,
+                 "max_retry_ms": 100},
+                udp_port=gateway.getsockname()[1],
+            )  # fmt: skip
+            devices.append(dev)
+            dev.call("connect")
+            with pytest.raises(AssertionError, match="LinkLost"):
+                dev.call("register some/topic")
+        finally:
+            done.set()
+            server.join(5)
+    registers = [d for d in seen if d[1] == 0x0A]
+    assert len(registers) == 3 and len(set(registers)) == 1, registers
 
 
 def test_sleep_and_wake_delivers_what_came_while_asleep(

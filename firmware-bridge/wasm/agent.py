@@ -59,6 +59,8 @@ async def main():
                 await client.publish(words[1], words[3], int(words[2]))
             elif cmd == "subscribe":
                 await client.subscribe(words[1], int(words[2]))
+            elif cmd == "unsubscribe":
+                await client.unsubscribe(words[1])
             elif cmd == "register":
                 await client.register(words[1])
             elif cmd == "ping":
