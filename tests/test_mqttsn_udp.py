@@ -797,3 +797,22 @@ def test_over_udp_a_device_answering_congestion_gets_the_next_message(gw: Gatewa
     dev.nothing(1.2)
     dev.close()
     mqtt.disconnect()
+
+
+@pytest.mark.parametrize(
+    ("text", "target"),
+    [
+        ("192.168.1.255", ("192.168.1.255", 1884)),
+        ("192.168.1.255:1885", ("192.168.1.255", 1885)),
+        ("ff02::1", ("ff02::1", 1884)),
+        ("[ff02::1]", ("ff02::1", 1884)),
+        ("[ff02::1]:1885", ("ff02::1", 1885)),
+        ("ff02::1%eth0", ("ff02::1%eth0", 1884)),  # the reference's example
+    ],
+)
+def test_a_broadcast_address_with_or_without_its_port(text: str, target: tuple[str, int]) -> None:
+    """``mqttsn.udp.broadcast``: "host" or "host:port", IPv6 in brackets when a port
+    follows; without a port, the listener's."""
+    from gateway.net.mqttsn import _target
+
+    assert _target(text, 1884) == target
