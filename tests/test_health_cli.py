@@ -260,3 +260,38 @@ def test_a_config_that_cannot_be_used_exits_2(tmp_path: Path) -> None:
     out = ledge("health", "-c", str(config))
     assert out.returncode == 2
     assert "health.timeout" in out.stderr
+
+
+def test_an_mqttsn_transport_that_answers_wrongly_or_not_at_all_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The probe's SEARCHGW to a socket of the test's: silence, garbage then silence,
+    or another gateway's GWINFO; each a failed fact with its reason, never a crash."""
+    import socket
+    import threading
+
+    from gateway.cli import health
+    from gateway.mqttsn.encoding import encode
+    from gateway.mqttsn.packets import GwInfo
+    from gateway.mqttsn.settings import UdpSettings
+
+    monkeypatch.setattr(health, "PROBE_TIMEOUT", 0.5)
+    for answers, reason in (
+        ([], "timed out"),
+        ([b"\x00garbage"], "timed out"),
+        ([encode(GwInfo(7))], "GWINFO from gateway 7"),
+    ):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as fake:
+            fake.bind(("127.0.0.1", 0))
+            fake.settimeout(5)
+
+            def answer(fake: socket.socket = fake, answers: list[bytes] = answers) -> None:
+                _, peer = fake.recvfrom(64)  # the SEARCHGW
+                for data in answers:
+                    fake.sendto(data, peer)
+
+            thread = threading.Thread(target=answer, daemon=True)
+            thread.start()
+            fact = health.probe_mqttsn(UdpSettings(port=fake.getsockname()[1]), 1)
+            thread.join(5)
+        assert (fact.answered, fact.error) == (False, reason)
