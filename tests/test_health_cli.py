@@ -72,16 +72,23 @@ def cloud(tmp_path: Path) -> Iterator[MosquittoProcess]:
 
 
 def write_config(
-    tmp_path: Path, device: FakeDevice, cloud_port: int, heard_within: float = 30
+    tmp_path: Path,
+    device: FakeDevice,
+    cloud_port: int,
+    heard_within: float = 30,
+    websocket_first: bool = False,
 ) -> tuple[Path, dict[str, int]]:
     ports = {"tcp": free_port(), "websocket": free_port(), "mqttsn": free_port()}
     config = tmp_path / "ledge.toml"
+    listeners = [
+        f'[[listeners]]\nhost = "127.0.0.1"\nport = {ports["tcp"]}\n',
+        f'[[listeners]]\nhost = "127.0.0.1"\nport = {ports["websocket"]}\ntype = "websocket"\n',
+    ]
     config.write_text(
         "[broker]\nsys_interval = 0.2\n"
         '[gateway]\nid = "gw1"\n'
-        f'[[listeners]]\nhost = "127.0.0.1"\nport = {ports["tcp"]}\n'
-        f'[[listeners]]\nhost = "127.0.0.1"\nport = {ports["websocket"]}\ntype = "websocket"\n'
-        f'[[serial]]\nname = "env"\npath = "{device.link}"\nprotocol = "kv"\n'
+        + "".join(reversed(listeners) if websocket_first else listeners)
+        + f'[[serial]]\nname = "env"\npath = "{device.link}"\nprotocol = "kv"\n'
         f"heard_within = {heard_within}\n"
         f'[[bridges]]\nname = "cloud"\naddress = "127.0.0.1:{cloud_port}"\n'
         "reconnect_min = 0.05\nreconnect_max = 0.5\n"
@@ -146,6 +153,21 @@ def test_healthy_then_the_bridge_down_is_named_and_wait_sees_it_back(
                 waiting.communicate()
         assert waiting.returncode == 0, out
         assert "ok     bridge cloud: connected" in out
+    finally:
+        assert proc.stop() == 0
+
+
+def test_sys_is_read_over_the_plain_tcp_listener_whichever_comes_first(
+    tmp_path: Path, device: FakeDevice, cloud: MosquittoProcess
+) -> None:
+    """The bridge's and the sensors' checks come from ``$SYS``, read over a plain TCP
+    listener: a WebSocket listener listed before it is passed over, not the end."""
+    config, _ = write_config(tmp_path, device, cloud.port, websocket_first=True)
+    proc = start(config)
+    try:
+        device.send(b"temp=21.5\n")
+        _, checks = wait_verdict(config, lambda code, _: code == 0, "a healthy verdict")
+        assert checks["bridge cloud"]["ok"] and checks["serial env"]["ok"]
     finally:
         assert proc.stop() == 0
 
