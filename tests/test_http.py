@@ -75,8 +75,24 @@ class Answer:
 class Client:
     """A raw HTTP client: bytes out as given, responses read one at a time."""
 
-    def __init__(self, port: int, timeout: float = 5.0, source: str = "127.0.0.1") -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout, (source, 0))
+    def __init__(
+        self,
+        port: int,
+        timeout: float = 5.0,
+        source: str = "127.0.0.1",
+        receive_buffer: int | None = None,
+    ) -> None:
+        """``receive_buffer``: SO_RCVBUF, set before connecting (the window it offers)."""
+        self.sock = socket.socket()
+        try:
+            if receive_buffer is not None:
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+            self.sock.settimeout(timeout)
+            self.sock.bind((source, 0))
+            self.sock.connect(("127.0.0.1", port))
+        except OSError:
+            self.sock.close()
+            raise
         self.file = self.sock.makefile("rb")
 
     def __enter__(self) -> Client:
@@ -383,11 +399,8 @@ def test_pipelined_answers_past_the_write_bound_wait_for_the_client_and_all_arri
         # More than the kernel can hold for a reader with a small window (its send
         # buffer grows to 4 MiB at most) plus the listener's bound: it must stop.
         count = (5 * 2**20 + WRITE_HIGH) // size + 2
-        with socket.socket() as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect
-            sock.settimeout(30)
-            sock.connect(("127.0.0.1", port))
-            sock.sendall((b"GET /metrics HTTP/1.1\r\n" + H + b"\r\n") * count)
+        with Client(port, timeout=30, receive_buffer=4096) as client:
+            client.send((b"GET /metrics HTTP/1.1\r\n" + H + b"\r\n") * count)
             seen = [-1]
 
             def settled() -> bool:  # the same count twice running
@@ -396,10 +409,7 @@ def test_pipelined_answers_past_the_write_bound_wait_for_the_client_and_all_arri
 
             wait_for(settled, 60, "the listener to stop answering the pipelined requests")
             assert seen[0] < count  # stopped at its bound, not all answers held
-            client = Client.__new__(Client)
-            client.sock, client.file = sock, sock.makefile("rb")
             statuses = [client.answer().status for _ in range(count)]
-            client.file.close()
         assert statuses == [200] * count
     finally:
         assert proc.stop() == 0
